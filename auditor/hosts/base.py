@@ -1,0 +1,196 @@
+"""The host seam: the one small protocol every way of reaching a machine implements.
+
+Checks read a host only through :class:`Host`. Paths are absolute paths as they
+are on the audited machine (``/proc/devices``), whatever the transport.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import posixpath
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Literal
+
+EntryKind = Literal["file", "dir", "link", "chr", "blk", "other"]
+
+_MAX_LINKS = 40
+
+
+@dataclass(frozen=True)
+class Entry:
+    """What one path is, without following a final symlink."""
+
+    kind: EntryKind
+    target: str = ""
+    major: int = -1
+    minor: int = -1
+
+
+class Host(ABC):
+    """Read-only access to one machine's files, the same for every transport."""
+
+    #: Short name used in reports (a hostname, an address, a capture's hostname).
+    name: str
+    #: What was asked for: ``local``, ``ssh://user@host:22``, ``sysroot:/path``.
+    target: str
+    #: ``local``, ``ssh`` or ``sysroot``.
+    kind: str
+
+    # -- primitives a backend provides -------------------------------------------------
+
+    @abstractmethod
+    def lstat(self, path: str) -> Entry | None:
+        """Return what ``path`` is (a symlink is not followed), or None if missing."""
+
+    @abstractmethod
+    def _read_resolved(self, path: str, limit: int) -> bytes:
+        """Read a file at a path with no symlinks in it."""
+
+    @abstractmethod
+    def _listdir_resolved(self, path: str) -> list[str]:
+        """List a directory at a path with no symlinks in it."""
+
+    # -- derived operations ------------------------------------------------------------
+
+    def processes(self) -> frozenset[str] | None:
+        """Return the names of running processes, or None where they cannot be seen."""
+        return None
+
+    def resolve(self, path: str) -> str:
+        """Return ``path`` with every symlink followed, never leaving the host's root."""
+        pending = [p for p in _normalise(path).split("/") if p]
+        resolved: list[str] = []
+        hops = 0
+        while pending:
+            part = pending.pop(0)
+            if part == ".":
+                continue
+            if part == "..":
+                if resolved:
+                    resolved.pop()
+                continue
+            candidate = "/" + "/".join([*resolved, part])
+            entry = self.lstat(candidate)
+            if entry is not None and entry.kind == "link":
+                hops += 1
+                if hops > _MAX_LINKS:
+                    raise OSError(f"too many levels of symbolic links: {path}")
+                target = entry.target
+                if target.startswith("/"):
+                    resolved = []
+                pending = [p for p in target.split("/") if p] + pending
+                continue
+            resolved.append(part)
+        return "/" + "/".join(resolved)
+
+    def stat(self, path: str) -> Entry | None:
+        """Return what ``path`` is after following symlinks, or None if missing."""
+        try:
+            return self.lstat(self.resolve(path))
+        except OSError:
+            return None
+
+    def exists(self, path: str) -> bool:
+        """Return whether ``path`` exists (following symlinks)."""
+        return self.stat(path) is not None
+
+    def is_dir(self, path: str) -> bool:
+        """Return whether ``path`` is a directory (following symlinks)."""
+        entry = self.stat(path)
+        return entry is not None and entry.kind == "dir"
+
+    def read_bytes(self, path: str, limit: int = 1 << 20) -> bytes:
+        """Read at most ``limit`` bytes of a file; raise FileNotFoundError if missing."""
+        resolved = self.resolve(path)
+        entry = self.lstat(resolved)
+        if entry is None:
+            raise FileNotFoundError(path)
+        if entry.kind == "dir":
+            raise IsADirectoryError(path)
+        return self._read_resolved(resolved, limit)
+
+    def read_text(self, path: str, limit: int = 1 << 20) -> str:
+        """Read a text file, decoding bytes that are not UTF-8 as replacement characters."""
+        return self.read_bytes(path, limit).decode("utf-8", "replace")
+
+    def read_optional(self, path: str) -> str | None:
+        """Return the stripped text of a file, or None if it is missing or unreadable."""
+        try:
+            return self.read_text(path).strip()
+        except OSError:
+            return None
+
+    def listdir(self, path: str) -> list[str]:
+        """Return the sorted names in a directory; raise FileNotFoundError if missing."""
+        resolved = self.resolve(path)
+        entry = self.lstat(resolved)
+        if entry is None:
+            raise FileNotFoundError(path)
+        if entry.kind != "dir":
+            raise NotADirectoryError(path)
+        return sorted(self._listdir_resolved(resolved))
+
+    def readlink(self, path: str) -> str | None:
+        """Return a symlink's target, or None if ``path`` is not a symlink."""
+        norm = _normalise(path)
+        try:
+            parent = self.resolve(posixpath.dirname(norm))
+            entry = self.lstat(posixpath.join(parent, posixpath.basename(norm)))
+        except OSError:
+            return None
+        return entry.target if entry is not None and entry.kind == "link" else None
+
+    def device_numbers(self, path: str) -> tuple[int, int] | None:
+        """Return (major, minor) of a character or block device node, else None."""
+        entry = self.stat(path)
+        if entry is None or entry.kind not in ("chr", "blk"):
+            return None
+        return entry.major, entry.minor
+
+    def glob(self, pattern: str) -> list[str]:
+        """Return the sorted paths matching a shell pattern (``*``, ``?``, ``[...]``)."""
+        parts = [p for p in _normalise(pattern).split("/") if p]
+        found = ["/"]
+        for index, part in enumerate(parts):
+            last = index == len(parts) - 1
+            following: list[str] = []
+            for base in found:
+                if _has_magic(part):
+                    try:
+                        names = self.listdir(base)
+                    except OSError:
+                        continue
+                    matches = [n for n in names if fnmatch.fnmatchcase(n, part)]
+                    if not part.startswith("."):
+                        matches = [n for n in matches if not n.startswith(".")]
+                    following.extend(posixpath.join(base, n) for n in matches)
+                else:
+                    candidate = posixpath.join(base, part)
+                    if last or self.is_dir(candidate):
+                        following.append(candidate)
+            found = following
+        return sorted(p for p in found if self.lstat_follow_ok(p))
+
+    def lstat_follow_ok(self, path: str) -> bool:
+        """Return whether ``path`` exists, as either a live entry or a dangling symlink."""
+        return self.exists(path) or self.readlink(path) is not None
+
+    def close(self) -> None:
+        """Release what the host holds (connections, open archives)."""
+
+    def __enter__(self) -> Host:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _has_magic(part: str) -> bool:
+    return any(c in part for c in "*?[")
+
+
+def _normalise(path: str) -> str:
+    if not path.startswith("/"):
+        path = "/" + path
+    return posixpath.normpath(path) if ".." not in path else path

@@ -1,0 +1,171 @@
+"""Rendering: the one Jinja environment factory, and reports rendered to strings."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import jinja2
+
+from auditor.model import CheckResult, FailOn, Finding, Report, Status
+
+FORMATS = ("text", "json", "markdown", "html", "junit")
+_TEMPLATES = {
+    "text": "report.txt.j2",
+    "markdown": "report.md.j2",
+    "html": "report.html.j2",
+    "junit": "report.junit.xml.j2",
+}
+Kind = Literal["text", "html", "xml", "shell"]
+
+_TEMPLATE_DIR = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "templates"
+)
+
+_ANSI = {
+    Status.PASS: "32",
+    Status.SKIP: "2",
+    Status.WARN: "33",
+    Status.FAIL: "1;31",
+    Status.ERROR: "1;35",
+}
+
+
+_XML_INVALID = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+class ShellLiteral(str):
+    """Text written by a template author, trusted to reach a shell as it is."""
+
+
+def shell_quote(value: Any) -> str:
+    """Quote a value for bash, whatever it holds (newlines, ``$(...)``, quotes)."""
+    if isinstance(value, ShellLiteral):
+        return str(value)
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int):
+        return str(value)
+    return shlex.quote(str(value))
+
+
+def _shell_finalize(value: Any) -> str:
+    # Every expression in a shell template is quoted unless marked with |literal.
+    return shell_quote(value)
+
+
+def _xml_finalize(value: Any) -> Any:
+    # XML 1.0 forbids most control characters even when escaped; a host can hold any byte.
+    if isinstance(value, str):
+        return _XML_INVALID.sub("\ufffd", value)
+    return value
+
+
+def _templates_dir() -> str:
+    try:
+        import templates
+
+        return os.path.dirname(os.path.abspath(templates.__file__ or ""))
+    except ImportError:  # pragma: no cover - running from a source tree without install
+        return _TEMPLATE_DIR
+
+
+def make_environment(kind: Kind = "text", colour: bool = False) -> jinja2.Environment:
+    """Return a Jinja environment: strict undefined always; HTML/XML autoescaped; shell quoted."""
+    options: dict[str, Any] = {
+        "loader": jinja2.FileSystemLoader(_templates_dir()),
+        "undefined": jinja2.StrictUndefined,
+        "keep_trailing_newline": True,
+        "trim_blocks": True,
+        "lstrip_blocks": True,
+        "autoescape": kind in ("html", "xml"),
+    }
+    if kind == "shell":
+        options["finalize"] = _shell_finalize
+    elif kind == "xml":
+        options["finalize"] = _xml_finalize
+    env = jinja2.Environment(**options)  # noqa: S701 - autoescape set per kind above
+    env.filters["tojson_pretty"] = lambda value: json.dumps(value, indent=2, ensure_ascii=False)
+    env.filters["paint"] = lambda text, status: (
+        f"\x1b[{_ANSI[Status(status)]}m{text}\x1b[0m" if colour else str(text)
+    )
+    env.filters["literal"] = ShellLiteral
+    env.filters["quote"] = lambda value: ShellLiteral(shell_quote(value))
+    env.filters["one_line"] = lambda text: " ".join(str(text).split())
+    return env
+
+
+def check_line(result: CheckResult) -> str:
+    """Summarise one check's findings in one line."""
+    findings = result.findings
+    bad = [f for f in findings if f.status in (Status.WARN, Status.FAIL, Status.ERROR)]
+    if not bad:
+        return findings[0].message if len(findings) == 1 else (
+            f"{len(findings)} subjects: " + "; ".join(
+                dict.fromkeys(f"{f.status.value} {f.subject}" for f in findings)
+            )
+        )
+    if len(bad) == 1:
+        return f"{bad[0].subject}: {bad[0].message}"
+    subjects = ", ".join(f.subject for f in bad[:6]) + (" ..." if len(bad) > 6 else "")
+    return f"{len(bad)} of {len(findings)} subjects: {subjects}"
+
+
+def _problems(report: Report) -> list[Finding]:
+    return [f for f in report.findings if f.status in (Status.WARN, Status.FAIL, Status.ERROR)]
+
+
+def render_report(
+    report: Report,
+    fmt: str,
+    *,
+    fail_on: FailOn = FailOn.FAIL,
+    colour: bool = False,
+) -> str:
+    """Render one host's report in a format (text, json, markdown, html, junit)."""
+    return render_reports([report], fmt, fail_on=fail_on, colour=colour)
+
+
+def render_reports(
+    reports: Sequence[Report],
+    fmt: str,
+    *,
+    fail_on: FailOn = FailOn.FAIL,
+    colour: bool = False,
+) -> str:
+    """Render the reports of one or more hosts in a format."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}")
+    if fmt == "json":
+        documents = [r.to_dict() for r in reports]
+        body: Any = documents[0] if len(documents) == 1 else {
+            "hosts": documents,
+            "summary": _fleet_summary(reports),
+        }
+        return json.dumps(body, indent=2, ensure_ascii=False) + "\n"
+    kind: Kind = {"html": "html", "junit": "xml"}.get(fmt, "text")  # type: ignore[assignment]
+    env = make_environment(kind, colour=colour and fmt == "text")
+    template = env.get_template(_TEMPLATES[fmt])
+    return template.render(
+        reports=reports,
+        problems={r.host: _problems(r) for r in reports},
+        check_line=check_line,
+        fail_on=fail_on,
+        Status=Status,
+    )
+
+
+def _fleet_summary(reports: Sequence[Report]) -> dict[str, Any]:
+    counts = {s.value: 0 for s in Status}
+    for report in reports:
+        for key, value in report.summary().items():
+            counts[key] += value
+    return {
+        "hosts": len(reports),
+        "unreachable": sum(1 for r in reports if r.error),
+        "findings": counts,
+    }

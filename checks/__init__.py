@@ -1,0 +1,11 @@
+"""The built-in checks, one module per check, registered in BUILTIN_CHECKS."""
+
+from __future__ import annotations
+
+from auditor.check import Check
+from checks.numa_balancing import NumaBalancing
+
+#: The built-in checks in report order; plug-ins come after them.
+BUILTIN_CHECKS: list[type[Check]] = [
+    NumaBalancing,
+]

@@ -1,0 +1,1 @@
+"""Remediations: turn findings into runtime, persistent and rollback steps."""

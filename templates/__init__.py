@@ -1,0 +1,1 @@
+"""Jinja templates for reports and fix scripts (package data)."""

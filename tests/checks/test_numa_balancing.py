@@ -1,0 +1,63 @@
+"""numa.balancing against the real captures, with problems planted in copies."""
+
+from __future__ import annotations
+
+from auditor.hosts import DirectoryHost
+from auditor.model import Status
+from checks.numa_balancing import NumaBalancing, boot_value
+from tests.conftest import Sysroot
+
+
+def add_node(root: Sysroot, index: int) -> None:
+    root.write(f"/sys/devices/system/node/node{index}/cpulist", f"{index * 8}-{index * 8 + 7}\n")
+
+
+def verdicts(root: Sysroot) -> list[tuple[Status, str]]:
+    host = DirectoryHost(str(root.root))
+    return [(f.status, f.message) for f in NumaBalancing().evaluate(host)]
+
+
+def test_single_node_capture_passes(h200: Sysroot) -> None:
+    [(status, message)] = verdicts(h200)
+    assert status is Status.PASS
+    assert "1 NUMA node" in message
+
+
+def test_enabled_on_two_nodes_fails(h200: Sysroot) -> None:
+    add_node(h200, 1)
+    h200.write("/proc/sys/kernel/numa_balancing", "1\n")
+    [(status, message)] = verdicts(h200)
+    assert status is Status.FAIL
+    assert "2 nodes" in message
+
+
+def test_disabled_on_two_nodes_passes(h200: Sysroot) -> None:
+    add_node(h200, 1)
+    h200.write("/proc/sys/kernel/numa_balancing", "0\n")
+    assert verdicts(h200)[0][0] is Status.PASS
+
+
+def test_boot_file_that_reverts_runtime_fix_fails(h200: Sysroot) -> None:
+    add_node(h200, 1)
+    h200.write("/proc/sys/kernel/numa_balancing", "0\n")
+    h200.write("/usr/lib/sysctl.d/50-numa.conf", "kernel.numa_balancing = 1\n")
+    [(status, message)] = verdicts(h200)
+    assert status is Status.FAIL
+    assert "/usr/lib/sysctl.d/50-numa.conf:1" in message
+
+
+def test_boot_value_order_etc_masks_usr_lib_and_sysctl_conf_is_last(h200: Sysroot) -> None:
+    h200.write("/usr/lib/sysctl.d/50-numa.conf", "kernel.numa_balancing = 1\n")
+    h200.write("/etc/sysctl.d/50-numa.conf", "kernel/numa_balancing=0\n")
+    host = DirectoryHost(str(h200.root))
+    assert boot_value(host, "kernel.numa_balancing") == ("0", "/etc/sysctl.d/50-numa.conf:1")
+    h200.write("/etc/sysctl.d/99-z.conf", "-kernel.numa_balancing = 1\n")
+    h200.write("/etc/sysctl.conf", "kernel.numa_balancing=0 \n")
+    assert boot_value(DirectoryHost(str(h200.root)), "kernel.numa_balancing") == (
+        "0", "/etc/sysctl.conf:1"
+    )
+
+
+def test_missing_runtime_file_is_skip(virtio: Sysroot) -> None:
+    virtio.remove("/proc/sys/kernel/numa_balancing")
+    assert verdicts(virtio)[0][0] is Status.SKIP
