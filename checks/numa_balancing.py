@@ -84,9 +84,10 @@ class NumaBalancing(Check):
         runtime = host.read_optional(RUNTIME_PATH)
         nodes = [p for p in host.glob("/sys/devices/system/node/node*") if p[-1].isdigit()]
         boot = boot_value(host, SYSCTL_KEY)
-        evidence = {"nodes": str(len(nodes))}
+        evidence = {"nodes": str(len(nodes)), "runtime": runtime or ""}
         if boot is not None:
-            evidence["boot"] = f"{boot[0]} ({boot[1]})"
+            evidence["boot_value"] = boot[0]
+            evidence["boot_source"] = boot[1]
         if runtime is None:
             yield self.skipped(
                 "kernel", f"{RUNTIME_PATH} is missing: the kernel has no NUMA balancing",
