@@ -11,12 +11,16 @@ import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
 from auditor.errors import AuditorError
 from auditor.model import FailOn, Report
+
+if TYPE_CHECKING:
+    from auditor.check import Check
+    from auditor.policy import Policy
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
 
@@ -47,7 +51,9 @@ OutputOpt = Annotated[
 CheckOpt = Annotated[
     list[str] | None, typer.Option("--check", help="Run only this check id (repeatable).")
 ]
-SkipOpt = Annotated[list[str] | None, typer.Option("--skip", help="Skip this check id (repeatable).")]
+SkipOpt = Annotated[
+    list[str] | None, typer.Option("--skip", help="Skip this check id (repeatable).")
+]
 FailOnOpt = Annotated[
     FailOn, typer.Option("--fail-on", help="Lowest status that exits 1: warning or fail.")
 ]
@@ -56,7 +62,8 @@ PolicyOpt = Annotated[
                              metavar="FILE")
 ]
 ProfileOpt = Annotated[
-    str | None, typer.Option("--profile", help="Built-in profile: gpu-inference, latency, throughput.")
+    str | None,
+    typer.Option("--profile", help="Built-in profile: gpu-inference, latency, throughput."),
 ]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Re-raise a failing check's exception.")]
 
@@ -75,7 +82,7 @@ class AuditOptions:
     debug: bool = False
 
 
-def prepare(options: AuditOptions):  # type: ignore[no-untyped-def]
+def prepare(options: AuditOptions) -> tuple[list[type[Check]], Policy]:
     """Return the selected check classes and the policy, or raise a usage error."""
     from auditor.errors import UsageError
     from auditor.policy import load_policy
@@ -86,6 +93,8 @@ def prepare(options: AuditOptions):  # type: ignore[no-untyped-def]
         raise UsageError(f"unknown format {options.fmt!r} (formats: {', '.join(FORMATS)})")
     every = load_checks()
     checks = select(every, options.only, options.skip)
+    if not checks:
+        raise UsageError("no checks left to run after --check/--skip")
     policy = load_policy(every, options.policy, options.profile)
     return checks, policy
 
@@ -209,6 +218,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("audit: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (``audit ... | head``): not an error of the audit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     return EXIT_OK
 
 

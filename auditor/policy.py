@@ -106,8 +106,6 @@ def _check_values(
                 f"{source}: {check_id}.{key} must be {type(default).__name__}, "
                 f"got {value!r}"
             )
-        if isinstance(default, list):
-            value = list(value)
         result[key] = value
     return result
 

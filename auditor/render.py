@@ -38,6 +38,9 @@ _ANSI = {
 _XML_INVALID = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
 
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
 class ShellLiteral(str):
     """Text written by a template author, trusted to reach a shell as it is."""
 
@@ -56,6 +59,12 @@ def shell_quote(value: Any) -> str:
 def _shell_finalize(value: Any) -> str:
     # Every expression in a shell template is quoted unless marked with |literal.
     return shell_quote(value)
+
+
+def one_line(text: Any) -> str:
+    """Fold a value onto one line, with control characters (ANSI escapes too) made visible."""
+    folded = " ".join(str(text).split())
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", folded)
 
 
 def _xml_finalize(value: Any) -> Any:
@@ -95,7 +104,10 @@ def make_environment(kind: Kind = "text", colour: bool = False) -> jinja2.Enviro
     )
     env.filters["literal"] = ShellLiteral
     env.filters["quote"] = lambda value: ShellLiteral(shell_quote(value))
-    env.filters["one_line"] = lambda text: " ".join(str(text).split())
+    env.filters["one_line"] = one_line
+    env.filters["md"] = lambda text: (
+        one_line(text).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+    )
     return env
 
 

@@ -176,7 +176,7 @@ class Host(ABC):
         """Return whether ``path`` exists, as either a live entry or a dangling symlink."""
         return self.exists(path) or self.readlink(path) is not None
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - most backends hold nothing
         """Release what the host holds (connections, open archives)."""
 
     def __enter__(self) -> Host:

@@ -1,0 +1,106 @@
+"""The audit command: exit codes, one-line errors, outputs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from auditor.cli import main
+from tests.conftest import CAPTURES, Sysroot
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "auditor.cli", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_local_on_this_machine_gives_valid_json() -> None:
+    result = run("local", "--format", "json")
+    assert result.returncode in (0, 1), result.stderr
+    data = json.loads(result.stdout)
+    assert data["target"] == "local"
+    assert data["findings"]
+    assert "Traceback" not in result.stderr
+
+
+def test_capture_of_a_healthy_host_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["local", "--root", str(CAPTURES["h200"]), "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["host"] == "gpu-h200-vm"
+    assert data["summary"]["fail"] == 0
+
+
+def test_problem_exits_one_and_fail_on_levels(h200: Sysroot, capsys: pytest.CaptureFixture[str]
+                                              ) -> None:
+    h200.write("/sys/devices/system/node/node1/cpulist", "8-15\n")
+    h200.write("/proc/sys/kernel/numa_balancing", "1\n")
+    assert main(["local", "--root", str(h200.root), "--check", "numa.balancing"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "numa.balancing" in out
+    every = [line.split()[0] for line in run("checks").stdout.splitlines()]
+    skip_all = [arg for check_id in every for arg in ("--skip", check_id)]
+    assert main(["local", "--root", str(h200.root), *skip_all]) == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["local", "--check", "no.such"], "unknown check id 'no.such'"),
+        (["local", "--format", "yaml"], "unknown format 'yaml'"),
+        (["local", "--root", "/nonexistent/root"], "no such sysroot"),
+        (["local", "--policy", "/nonexistent.toml"], "cannot read policy file"),
+        (["explain", "no.such"], "unknown check id"),
+    ],
+)
+def test_usage_errors_exit_two_with_one_line(args: list[str], needle: str) -> None:
+    result = run(*args)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], result.stderr
+
+
+def test_bad_option_exits_two() -> None:
+    assert run("local", "--fail-on", "sometimes").returncode == 2
+
+
+@pytest.mark.parametrize(
+    ("policy", "needle"),
+    [
+        ("[checks.\"numa.balancing\"]\nnope = 1\n", "has no option 'nope'"),
+        ("[checks.\"no.such\"]\nx = 1\n", "unknown check id 'no.such'"),
+        ("this is = = not toml", "not valid TOML"),
+        ("profile = \"fastest\"\n", "unknown profile 'fastest'"),
+    ],
+)
+def test_bad_policy_file_exits_two(tmp_path: Path, policy: str, needle: str) -> None:
+    path = tmp_path / "policy.toml"
+    path.write_text(policy)
+    result = run("local", "--root", str(CAPTURES["virtio"]), "--policy", str(path))
+    assert result.returncode == 2
+    assert needle in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_output_file_and_formats(tmp_path: Path) -> None:
+    for fmt in ("text", "json", "markdown", "html", "junit"):
+        out = tmp_path / f"report.{fmt}"
+        result = run("local", "--root", str(CAPTURES["virtio"]), "--format", fmt, "-o", str(out))
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == ""
+        assert "vm-virtio" in out.read_text()
+
+
+def test_checks_and_explain_list_every_check() -> None:
+    listing = run("checks")
+    assert listing.returncode == 0
+    ids = [line.split()[0] for line in listing.stdout.splitlines()]
+    assert "numa.balancing" in ids
+    for check_id in ids:
+        explained = run("explain", check_id)
+        assert explained.returncode == 0
+        assert "Why it matters for inference:" in explained.stdout
+        assert "How it is fixed:" in explained.stdout
