@@ -1,0 +1,294 @@
+"""Build synthetic sysroots of large GPU hosts (an 8-GPU Proxmox node, 128 CPUs).
+
+The layout follows the kernel's sysfs and procfs (policy symlinks, PCI device
+symlinks into ``/sys/devices/pci*``, 4096-byte config spaces with a real
+capability list), so real pciutils read the result too. Problems are planted by
+flags, all of them on by default: the host the project exists for.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import struct
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class Tree:
+    """Files, symlinks and device entries of a sysroot, by absolute path."""
+
+    files: dict[str, bytes] = field(default_factory=dict)
+    links: dict[str, str] = field(default_factory=dict)
+    devices: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def put(self, path: str, text: str | bytes) -> None:
+        self.files[path] = text.encode() if isinstance(text, str) else text
+
+    def write_dir(self, root: Path) -> Path:
+        """Materialise under ``root`` (device entries only when running as root)."""
+        for path, data in self.files.items():
+            target = root / path.lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        for path, dest in self.links.items():
+            link = root / path.lstrip("/")
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(dest)
+        if os.geteuid() == 0:
+            for path, (major, minor) in self.devices.items():
+                node = root / path.lstrip("/")
+                node.parent.mkdir(parents=True, exist_ok=True)
+                os.mknod(node, 0o666 | 0o020000, os.makedev(major, minor))
+        return root
+
+    def write_tar(self, dest: Path) -> Path:
+        """Write a ``.tar.gz`` capture with device entries (no root needed)."""
+        with tarfile.open(dest, "w:gz") as archive:
+            for path, data in sorted(self.files.items()):
+                info = tarfile.TarInfo(path.lstrip("/"))
+                info.size = len(data)
+                info.mode = 0o644
+                archive.addfile(info, io.BytesIO(data))
+            for path, target in sorted(self.links.items()):
+                info = tarfile.TarInfo(path.lstrip("/"))
+                info.type = tarfile.SYMTYPE
+                info.linkname = target
+                archive.addfile(info)
+            for path, (major, minor) in sorted(self.devices.items()):
+                info = tarfile.TarInfo(path.lstrip("/"))
+                info.type = tarfile.CHRTYPE
+                info.devmajor, info.devminor = major, minor
+                info.mode = 0o666
+                archive.addfile(info)
+        return dest
+
+
+def pcie_config(
+    vendor: int,
+    device: int,
+    class_code: int,
+    *,
+    port_type: int = 0,
+    mrrs: int = 4096,
+    mps: int = 256,
+    speed: int = 5,
+    width: int = 16,
+    current_speed: int | None = None,
+    current_width: int | None = None,
+) -> bytes:
+    """Return a 4096-byte config space with PM, MSI and PCI Express capabilities."""
+    cfg = bytearray(4096)
+    struct.pack_into("<HH", cfg, 0, vendor, device)
+    struct.pack_into("<H", cfg, 0x06, 0x0010)  # status: capability list present
+    cfg[0x08] = 0xA1  # revision
+    cfg[0x09:0x0C] = class_code.to_bytes(3, "little")
+    cfg[0x0E] = 0x01 if class_code >> 8 == 0x0604 else 0x00
+    cfg[0x34] = 0x40
+    cfg[0x40:0x42] = bytes([0x01, 0x60])  # power management -> MSI
+    cfg[0x60:0x62] = bytes([0x05, 0x78])  # MSI -> PCI Express
+    exp = 0x78
+    cfg[exp : exp + 2] = bytes([0x10, 0x00])
+    struct.pack_into("<H", cfg, exp + 0x02, 0x0002 | (port_type << 4))
+    struct.pack_into("<I", cfg, exp + 0x04, 0x00008000 | 0x5)  # MPS supported 4096
+    code = {128: 0, 256: 1, 512: 2, 1024: 3, 2048: 4, 4096: 5}
+    control = (code[mrrs] << 12) | (code[mps] << 5) | 0x0010
+    struct.pack_into("<H", cfg, exp + 0x08, control)
+    struct.pack_into("<I", cfg, exp + 0x0C, (width << 4) | speed)
+    status = ((current_width or width) << 4) | (current_speed or speed)
+    struct.pack_into("<H", cfg, exp + 0x12, status)
+    return bytes(cfg)
+
+
+SPEEDS = {1: "2.5 GT/s PCIe", 2: "5.0 GT/s PCIe", 3: "8.0 GT/s PCIe", 4: "16.0 GT/s PCIe",
+          5: "32.0 GT/s PCIe"}
+
+
+def _sysfs_common(tree: Tree, directory: str) -> None:
+    # lspci reads these beside config; without them it stops after the header line.
+    tree.put(f"{directory}/irq", "0\n")
+    tree.put(f"{directory}/resource", "0x0000000000000000 0x0000000000000000 "
+             "0x0000000000000000\n" * 13)
+    tree.put(f"{directory}/enable", "1\n")
+    tree.put(f"{directory}/subsystem_vendor", "0x0000\n")
+    tree.put(f"{directory}/subsystem_device", "0x0000\n")
+
+
+@dataclass
+class HostSpec:
+    """What to build, and which of the six problems to plant."""
+
+    hostname: str = "pve-gpu-01"
+    cpus: int = 128
+    nodes: int = 2
+    gpus: int = 8
+    nics: int = 4
+    bad_governor: bool = True
+    deep_cstates: bool = True
+    numa_balancing: bool = True
+    old_kernel: bool = True
+    low_mrrs: bool = True
+    stale_lxc_major: bool = True
+    uvm_major: int = 511
+    stale_uvm_major: int = 509
+
+
+def build_host(spec: HostSpec | None = None) -> Tree:
+    """Build an AMD EPYC Proxmox node with GPUs and NICs, problems as the spec says."""
+    spec = spec or HostSpec()
+    tree = Tree()
+    cpu = "/sys/devices/system/cpu"
+    last = spec.cpus - 1
+    for name in ("online", "possible", "present"):
+        tree.put(f"{cpu}/{name}", f"0-{last}\n")
+    tree.put(f"{cpu}/cpuidle/current_driver", "acpi_idle\n")
+    tree.put(f"{cpu}/cpuidle/current_governor", "menu\n")
+    tree.put(f"{cpu}/amd_pstate/status", "active\n")
+    tree.put(f"{cpu}/cpufreq/boost", "1\n")
+    governor = "powersave" if spec.bad_governor else "performance"
+    epp = "balance_power" if spec.bad_governor else "performance"
+    states = [("POLL", 0, 0), ("C1", 1, 2), ("C2", 800, 1600)]
+    for n in range(spec.cpus):
+        policy = f"{cpu}/cpufreq/policy{n}"
+        tree.links[f"{cpu}/cpu{n}/cpufreq"] = f"../cpufreq/policy{n}"
+        for key, value in {
+            "scaling_driver": "amd-pstate-epp",
+            "scaling_governor": governor,
+            "scaling_available_governors": "performance powersave",
+            "affected_cpus": str(n),
+            "related_cpus": str(n),
+            "cpuinfo_max_freq": "3700000",
+            "cpuinfo_min_freq": "400000",
+            "scaling_max_freq": "3700000",
+            "scaling_min_freq": "400000",
+            "energy_performance_preference": epp,
+            "energy_performance_available_preferences":
+                "default performance balance_performance balance_power power",
+        }.items():
+            tree.put(f"{policy}/{key}", value + "\n")
+        for index, (name, latency, residency) in enumerate(states):
+            state = f"{cpu}/cpu{n}/cpuidle/state{index}"
+            disabled = "1" if (name == "C2" and not spec.deep_cstates) else "0"
+            for key, value in {
+                "name": name, "desc": f"ACPI {name}", "latency": str(latency),
+                "residency": str(residency), "disable": disabled, "default_status": "enabled",
+            }.items():
+                tree.put(f"{state}/{key}", value + "\n")
+    per_node = spec.cpus // spec.nodes
+    for node in range(spec.nodes):
+        low = node * per_node
+        tree.put(f"/sys/devices/system/node/node{node}/cpulist", f"{low}-{low + per_node - 1}\n")
+    tree.put("/sys/devices/system/node/online", f"0-{spec.nodes - 1}\n")
+    tree.put("/proc/sys/kernel/numa_balancing", "1\n" if spec.numa_balancing else "0\n")
+    tree.put("/etc/sysctl.d/99-sysctl.conf", "# placeholder\n")
+    tree.put("/etc/sysctl.conf", "# defaults\n")
+
+    running = "6.8.12-4-pve" if spec.old_kernel else "6.14.8-2-pve"
+    tree.put("/proc/sys/kernel/osrelease", running + "\n")
+    tree.put("/proc/version", f"Linux version {running} (build@proxmox) #1 SMP PREEMPT_DYNAMIC\n")
+    tree.put("/proc/cmdline", f"BOOT_IMAGE=/boot/vmlinuz-{running} root=/dev/mapper/pve-root ro "
+             "quiet\n")
+    for version in {running, "6.14.8-2-pve"}:
+        tree.put(f"/boot/vmlinuz-{version}", b"\x7fELF")
+        tree.put(f"/lib/modules/{version}/modules.dep", "")
+    tree.put("/etc/kernel/cmdline", "root=ZFS=rpool/ROOT/pve-1 boot=zfs\n")
+    tree.put("/etc/default/grub", 'GRUB_DEFAULT=0\nGRUB_CMDLINE_LINUX_DEFAULT="quiet"\n'
+             'GRUB_CMDLINE_LINUX=""\n')
+    tree.put("/etc/hostname", spec.hostname + "\n")
+    tree.put("/etc/machine-id", "4f0c2b6de0a94b4f9a0a2b8ad5c1e7a1\n")
+    tree.put("/etc/os-release", 'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nNAME="Debian '
+             'GNU/Linux"\nVERSION_ID="12"\nID=debian\n')
+    tree.put("/etc/pve/.version", "{}\n")
+    tree.put("/proc/driver/nvidia/version",
+             "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build"
+             "  (dvs-builder@U22-I3-AE18-09-3)  \nGCC version:  gcc version 12.2.0 (Debian "
+             "12.2.0-14) \n")
+    tree.put("/proc/devices", (
+        "Character devices:\n  1 mem\n  4 /dev/vc/0\n  4 tty\n  5 /dev/tty\n 10 misc\n"
+        " 13 input\n195 nvidia-frontend\n195 nvidia\n195 nvidiactl\n226 drm\n"
+        f"{spec.uvm_major} nvidia-uvm\n{spec.uvm_major + 1} nvidia-nvswitch\n"
+        f"{spec.uvm_major + 2} nvidia-caps\n{spec.uvm_major + 3} nvidia-caps-imex-channels\n"
+        "\nBlock devices:\n  7 loop\n  8 sd\n259 blkext\n"
+    ))
+    tree.devices["/dev/nvidiactl"] = (195, 255)
+    tree.devices["/dev/nvidia-uvm"] = (spec.uvm_major, 0)
+    tree.devices["/dev/nvidia-uvm-tools"] = (spec.uvm_major, 1)
+    tree.devices["/dev/nvidia-caps/nvidia-cap1"] = (spec.uvm_major + 2, 1)
+    tree.devices["/dev/nvidia-caps/nvidia-cap2"] = (spec.uvm_major + 2, 2)
+
+    devices: list[tuple[str, bytes, str, str]] = []
+    for index in range(spec.gpus):
+        bus = 0x18 + index * 0x10
+        devices.append((
+            f"0000:{bus:02x}:00.0",
+            pcie_config(0x10DE, 0x2901, 0x030200, mrrs=512 if spec.low_mrrs else 4096,
+                        current_speed=1),
+            "0x030200", "nvidia",
+        ))
+        tree.devices[f"/dev/nvidia{index}"] = (195, index)
+    for index in range(spec.nics):
+        bus = 0x1A + index * 0x20
+        devices.append((
+            f"0000:{bus:02x}:00.0",
+            pcie_config(0x15B3, 0x1021, 0x020700, mrrs=4096, mps=256),
+            "0x020700", "mlx5_core",
+        ))
+    for address, config, class_code, driver in devices:
+        bus = int(address[5:7], 16)
+        root_port = f"0000:{bus - 1:02x}:01.0"
+        domain = f"/sys/devices/pci0000:{bus - 1:02x}"
+        port_dir = f"{domain}/{root_port}"
+        tree.put(f"{port_dir}/config", pcie_config(0x1022, 0x14AB, 0x060400, port_type=4,
+                                                   mrrs=512))
+        _sysfs_common(tree, port_dir)
+        tree.put(f"{port_dir}/class", "0x060400\n")
+        tree.put(f"{port_dir}/vendor", "0x1022\n")
+        tree.put(f"{port_dir}/device", "0x14ab\n")
+        tree.links[f"/sys/bus/pci/devices/{root_port}"] = (
+            f"../../../devices/pci0000:{bus - 1:02x}/{root_port}"
+        )
+        dev_dir = f"{port_dir}/{address}"
+        vendor, device = struct.unpack_from("<HH", config, 0)
+        _sysfs_common(tree, dev_dir)
+        tree.put(f"{dev_dir}/config", config)
+        tree.put(f"{dev_dir}/class", class_code + "\n")
+        tree.put(f"{dev_dir}/vendor", f"0x{vendor:04x}\n")
+        tree.put(f"{dev_dir}/device", f"0x{device:04x}\n")
+        tree.put(f"{dev_dir}/numa_node", "0\n" if bus < 0x80 else "1\n")
+        tree.put(f"{dev_dir}/max_link_speed", SPEEDS[5] + "\n")
+        tree.put(f"{dev_dir}/max_link_width", "16\n")
+        current = 1 if class_code.startswith("0x03") else 5
+        tree.put(f"{dev_dir}/current_link_speed", SPEEDS[current] + "\n")
+        tree.put(f"{dev_dir}/current_link_width", "16\n")
+        tree.links[f"{dev_dir}/driver"] = f"../../../../bus/pci/drivers/{driver}"
+        tree.links[f"/sys/bus/pci/devices/{address}"] = (
+            f"../../../devices/pci0000:{bus - 1:02x}/{root_port}/{address}"
+        )
+        if driver == "nvidia":
+            tree.put(f"/proc/driver/nvidia/gpus/{address}/information",
+                     "Model: \t\t NVIDIA B200\nBus Location: \t " + address + "\n")
+
+    allowed = spec.stale_uvm_major if spec.stale_lxc_major else spec.uvm_major
+    mounts = [f"/dev/nvidia{i}" for i in range(spec.gpus)] + [
+        "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
+    ]
+    lines = [
+        "arch: amd64", "cores: 64", "hostname: inference", "memory: 524288",
+        "net0: name=eth0,bridge=vmbr0,hwaddr=BC:24:11:00:00:01,ip=dhcp,type=veth",
+        "ostype: ubuntu", "rootfs: local-zfs:subvol-101-disk-0,size=200G", "unprivileged: 0",
+        "lxc.cgroup2.devices.allow: c 195:* rwm",
+        f"lxc.cgroup2.devices.allow: c {allowed}:* rwm",
+        f"lxc.cgroup2.devices.allow: c {spec.uvm_major + 2}:* rwm",
+    ]
+    lines += [
+        f"lxc.mount.entry: {node} {node[1:]} none bind,optional,create=file" for node in mounts
+    ]
+    lines += ["", "[before-upgrade]", "arch: amd64", "hostname: inference",
+              f"lxc.cgroup2.devices.allow: c {spec.stale_uvm_major - 2}:* rwm",
+              "snaptime: 1730000000", ""]
+    tree.put("/etc/pve/lxc/101.conf", "\n".join(lines))
+    tree.put("/etc/pve/lxc/102.conf", "arch: amd64\nhostname: web\nmemory: 2048\n"
+             "rootfs: local-zfs:subvol-102-disk-0,size=8G\n")
+    return tree
