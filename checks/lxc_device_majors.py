@@ -291,6 +291,13 @@ class LxcDeviceMajors(Check):
         have_proc_devices: bool,
     ) -> Iterator[Finding]:
         base = {"config": container.path, "flavour": container.flavour}
+        entry = host.stat(container.path)
+        if entry is None or entry.kind != "file":
+            # A FIFO or device named config would block or never end: read files only.
+            kind = "missing" if entry is None else f"a {entry.kind}, not a file"
+            yield self.skipped(container.id, f"cannot read {container.path}: {kind}",
+                               evidence=base)
+            return
         try:
             text = host.read_text(container.path)
         except OSError as exc:

@@ -343,6 +343,27 @@ def test_per_minor_stale_rules_pair_with_their_nodes(h200: Sysroot) -> None:
     }
 
 
+def test_ambiguous_stale_majors_are_listed_without_a_rule_to_rewrite(h200: Sysroot) -> None:
+    h200.write("/etc/pve/lxc/101.conf",
+               PVE_HEAD + "lxc.cgroup2.devices.allow: c 195:* rwm\n"
+               "lxc.cgroup2.devices.allow: c 509:* rwm\n"
+               "lxc.cgroup2.devices.allow: c 510:* rwm\n" + GPU_MOUNTS)
+    findings = evaluate(h200)
+    assert [f.status for f in findings] == [Status.FAIL, Status.FAIL]
+    for finding in findings:
+        assert (evidence(finding)["allowed_major"], evidence(finding)["rule"]) == ("509 510", "")
+        assert "add 'lxc.cgroup2.devices.allow: c 238:* rwm'" in finding.fix
+
+
+def test_config_that_is_not_a_file_is_skipped(h200: Sysroot) -> None:
+    # A FIFO would block a reader forever on the live host.
+    h200.path("/etc/pve/lxc").mkdir(parents=True)
+    os.mkfifo(h200.path("/etc/pve/lxc/101.conf"))
+    [finding] = evaluate(h200)
+    assert finding.status is Status.SKIP
+    assert "not a file" in finding.message
+
+
 def test_garbage_proc_devices_and_binary_config_do_not_crash(h200: Sysroot) -> None:
     h200.write("/proc/devices",
                b"Character devices:\n\xff\xfe nvidia\n99999999999999999999 nvidia-uvm\n"
