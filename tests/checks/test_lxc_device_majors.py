@@ -194,6 +194,19 @@ def test_v1_rules_are_ignored_on_a_pure_cgroup2_host(h200: Sysroot) -> None:
     assert {evidence(f)["rule"] for f in findings} == {""}
 
 
+def test_plain_lxc_without_include_or_rules_is_unrestricted(h200: Sysroot) -> None:
+    config = plain_config(STALE)
+    config = "".join(line + "\n" for line in config.splitlines()
+                     if not line.startswith(("lxc.include", "lxc.cgroup")))
+    h200.write("/var/lib/lxc/gpu1/config", config)
+    [finding] = evaluate(h200)
+    assert finding.status is Status.PASS
+    assert "not restricted" in finding.message
+    h200.write("/var/lib/lxc/gpu1/config", "lxc.include = /usr/share/lxc/config/common.conf\n"
+               + config)
+    assert {f.status for f in evaluate(h200)} == {Status.FAIL}
+
+
 def test_dev_entries_follow_the_live_major(h200: Sysroot) -> None:
     devs = "".join(
         f"dev{i}: /dev/{n},gid=44\n"
