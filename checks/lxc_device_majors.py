@@ -513,13 +513,12 @@ def _stale_rules(
 
     A candidate is a character allow rule with a concrete major that lets rw through,
     allows none of the container's GPU nodes as they are now, and whose major is not a
-    fixed GPU major nor one another (non-NVIDIA) driver holds now (``c 10:200`` is tun,
-    not a stale rule). Its minor must fit the node's (``c 509:1`` is uvm-tools'). When
+    fixed GPU major nor one any driver holds now (``c 10:200`` is tun, and a rule for the
+    current nvidia-caps major is current even when no nvidia-caps node is mounted). Its minor must fit the node's (``c 509:1`` is uvm-tools'). When
     the candidates name several majors, the failing drivers and the stale majors are
     paired in order: dynamic majors are handed out in the same order at every load.
     """
-    other_majors = {m for name, ms in drivers.items() if not name.startswith("nvidia")
-                    for m in ms} | set(FIXED_MAJORS.values())
+    other_majors = {m for ms in drivers.values() for m in ms} | set(FIXED_MAJORS.values())
     live = [(n.major, n.minor) for n in mounted if n.major is not None]
     pool = [
         r for r in rules
