@@ -15,6 +15,7 @@ from typing import Annotated, NoReturn
 
 import typer
 
+from auditor.cli_fleet import register as register_fleet_commands
 from auditor.errors import AuditorError
 from auditor.model import FailOn, Report
 
@@ -196,6 +197,9 @@ def explain_command(check_id: Annotated[str, typer.Argument(metavar="ID")]) -> N
         lines += ["", "Policy options (defaults):"]
         lines += [f"  {key} = {value!r}" for key, value in cls.defaults.items()]
     print("\n".join(lines))
+
+
+register_fleet_commands(app)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

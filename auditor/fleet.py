@@ -1,0 +1,378 @@
+"""Beyond one host: tuning fingerprints, merging per-host JSON results, golden-host diffs.
+
+Each node of a cluster runs ``audit local --format json`` through whatever engine the
+cluster already has; :func:`load_results` reads those files back, :func:`fleet_view`
+lays them out as hosts by checks, and :func:`golden_diff` says which hosts differ from
+a reference host and on what.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from auditor.model import Finding, Report, Status, worst
+
+#: Bump when the fingerprint's inputs change, so old and new stamps never collide.
+FINGERPRINT_VERSION = 1
+FINGERPRINT_LENGTH = 12
+
+
+def _raw_status(finding: Finding) -> str:
+    # A waiver is policy, not tuning: fingerprint the status the host really has.
+    for key, value in finding.evidence:
+        if key == "waived":
+            return value
+    return finding.status.value
+
+
+def fingerprint_inputs(report: Report) -> dict[str, Any]:
+    """Return what defines a host's tuned state: check ids, subjects, statuses, observed."""
+    findings = sorted(
+        {(f.check, f.subject, _raw_status(f), f.observed) for f in report.findings}
+    )
+    return {
+        "version": FINGERPRINT_VERSION,
+        "checks": sorted({r.check for r in report.results}),
+        "findings": [list(item) for item in findings],
+    }
+
+
+def fingerprint(report: Report) -> str:
+    """Return a short, stable hex digest of the host's tuned state (no times, no host name)."""
+    canonical = json.dumps(fingerprint_inputs(report), sort_keys=True, separators=(",", ":"),
+                           ensure_ascii=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:FINGERPRINT_LENGTH]
+
+
+# -- reading results --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """An input file that could not be merged, and why (one line)."""
+
+    path: str
+    reason: str
+
+    def line(self) -> str:
+        """Return the one-line message naming the file."""
+        return f"{self.path}: {self.reason}; left out of the merge"
+
+
+@dataclass
+class LoadedResults:
+    """The reports read from result files, the files that could not be read, and notes."""
+
+    reports: list[Report] = field(default_factory=list)
+    sources: dict[str, str] = field(default_factory=dict)
+    unreadable: list[Unreadable] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _documents(data: Any) -> list[Mapping[str, Any]]:
+    if isinstance(data, Mapping) and isinstance(data.get("hosts"), list):
+        return list(data["hosts"])
+    if isinstance(data, Mapping):
+        return [data]
+    raise ValueError("not an audit report (a JSON object with host and findings)")
+
+
+def _report(document: Any) -> Report:
+    if not isinstance(document, Mapping) or not isinstance(document.get("host"), str):
+        raise ValueError("not an audit report (no host name)")
+    if not isinstance(document.get("findings", []), list):
+        raise ValueError("not an audit report (findings is not a list)")
+    try:
+        return Report.from_dict(document)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ValueError(f"not an audit report ({type(exc).__name__}: {exc})") from exc
+
+
+def load_results(paths: Iterable[str]) -> LoadedResults:
+    """Read per-host JSON reports; a file that cannot be read is noted and left out.
+
+    A host reported by several files keeps the newest report (by ``started``, then the
+    later file), and a note says so.
+    """
+    loaded = LoadedResults()
+    by_host: dict[str, int] = {}
+    for path in paths:
+        try:
+            with open(path, "rb") as handle:
+                raw = handle.read()
+        except OSError as exc:
+            loaded.unreadable.append(Unreadable(path, f"cannot read ({exc.strerror})"))
+            continue
+        try:
+            data = json.loads(raw)
+        except UnicodeDecodeError:
+            loaded.unreadable.append(Unreadable(path, "not UTF-8 text"))
+            continue
+        except json.JSONDecodeError as exc:
+            cut = exc.msg.startswith("Unterminated") or exc.pos >= len(raw.rstrip())
+            what = "truncated JSON" if cut and raw.strip() else "not valid JSON"
+            loaded.unreadable.append(
+                Unreadable(path, f"{what}: {exc.msg} (line {exc.lineno} column {exc.colno})")
+            )
+            continue
+        try:
+            reports = [_report(doc) for doc in _documents(data)]
+        except ValueError as exc:
+            loaded.unreadable.append(Unreadable(path, " ".join(str(exc).split())))
+            continue
+        for report in reports:
+            seen = by_host.get(report.host)
+            if seen is None:
+                by_host[report.host] = len(loaded.reports)
+                loaded.reports.append(report)
+                loaded.sources[report.host] = path
+                continue
+            kept = loaded.reports[seen]
+            newer = report.started >= kept.started
+            loaded.notes.append(
+                f"{report.host}: reported by {loaded.sources[report.host]} and {path}; "
+                f"keeping {path if newer else loaded.sources[report.host]} (newer)"
+            )
+            if newer:
+                loaded.reports[seen] = report
+                loaded.sources[report.host] = path
+    return loaded
+
+
+# -- the fleet view ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One check and subject where a host differs from the golden host."""
+
+    check: str
+    subject: str
+    golden_status: str
+    golden_observed: str
+    status: str
+    observed: str
+
+    def describe(self) -> str:
+        """Return a one-line account of the difference."""
+        if not self.golden_status:
+            return f"{self.check} {self.subject}: only here ({self.status}, {self.observed!r})"
+        if not self.status:
+            return (f"{self.check} {self.subject}: missing here (golden: {self.golden_status},"
+                    f" {self.golden_observed!r})")
+        parts = []
+        if self.status != self.golden_status:
+            parts.append(f"status {self.golden_status} -> {self.status}")
+        if self.observed != self.golden_observed:
+            parts.append(f"observed {self.golden_observed!r} -> {self.observed!r}")
+        return f"{self.check} {self.subject}: {', '.join(parts)}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the JSON form."""
+        return {
+            "check": self.check,
+            "subject": self.subject,
+            "golden": {"status": self.golden_status, "observed": self.golden_observed},
+            "host": {"status": self.status, "observed": self.observed},
+        }
+
+
+def _state(report: Report) -> dict[tuple[str, str], tuple[str, str]]:
+    state: dict[tuple[str, str], tuple[str, str]] = {}
+    for finding in report.findings:
+        key = (finding.check, finding.subject)
+        value = (_raw_status(finding), finding.observed)
+        # Two findings on one subject: keep the worse, so the comparison is stable.
+        if key not in state or Status(value[0]).rank > Status(state[key][0]).rank:
+            state[key] = value
+    return state
+
+
+def golden_diff(
+    reports: Sequence[Report], golden: str
+) -> dict[str, list[Difference]]:
+    """Return, for every other host, where it differs from ``golden`` (empty list: same)."""
+    by_host = {r.host: r for r in reports}
+    reference = _state(by_host[golden])
+    diffs: dict[str, list[Difference]] = {}
+    for report in reports:
+        if report.host == golden:
+            continue
+        state = _state(report)
+        found: list[Difference] = []
+        for key in sorted(reference.keys() | state.keys()):
+            want = reference.get(key, ("", ""))
+            have = state.get(key, ("", ""))
+            if want != have:
+                found.append(Difference(key[0], key[1], want[0], want[1], have[0], have[1]))
+        diffs[report.host] = found
+    return diffs
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One host's result for one check: its worst status and the findings behind it."""
+
+    status: str
+    findings: tuple[Finding, ...]
+    differs: bool = False
+
+
+@dataclass
+class FleetView:
+    """Hosts by checks, with the groups and counts the fleet report shows."""
+
+    hosts: list[Report]
+    checks: list[str]
+    cells: dict[str, dict[str, Cell]]
+    fingerprints: dict[str, str]
+    groups: list[tuple[str, list[str]]]
+    unreadable: list[Unreadable]
+    notes: list[str]
+    golden: str | None = None
+    diffs: dict[str, list[Difference]] = field(default_factory=dict)
+
+    def host_status(self, report: Report) -> str:
+        """Return a host's worst status (``error`` when it could not be audited)."""
+        return report.status.value
+
+    def check_counts(self) -> dict[str, dict[str, int]]:
+        """Count, per check, the hosts by their worst status for it."""
+        counts: dict[str, dict[str, int]] = {
+            c: {s.value: 0 for s in Status} for c in self.checks
+        }
+        for host_cells in self.cells.values():
+            for check, cell in host_cells.items():
+                counts[check][cell.status] += 1
+        return counts
+
+    def host_counts(self) -> dict[str, int]:
+        """Count the hosts by their worst status."""
+        counts = {s.value: 0 for s in Status}
+        for report in self.hosts:
+            counts[report.status.value] += 1
+        return counts
+
+    def problems(self) -> list[tuple[str, str, str, list[str]]]:
+        """Return (status, check, subject, hosts) for every warn/fail/error, worst first."""
+        grouped: dict[tuple[str, str, str], list[str]] = {}
+        for report in self.hosts:
+            for finding in report.findings:
+                if finding.status.rank == 0:
+                    continue
+                key = (finding.status.value, finding.check, finding.subject)
+                grouped.setdefault(key, []).append(report.host)
+        order = {"error": 0, "fail": 1, "warn": 2}
+        return [
+            (status, check, subject, hosts)
+            for (status, check, subject), hosts in sorted(
+                grouped.items(), key=lambda item: (order[item[0][0]], -len(item[1]), item[0])
+            )
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the JSON form of the fleet report."""
+        data: dict[str, Any] = {
+            "summary": {
+                "hosts": len(self.hosts),
+                "unreachable": sum(1 for r in self.hosts if r.error),
+                "hosts_by_status": self.host_counts(),
+                "checks": self.check_counts(),
+                "findings": _finding_counts(self.hosts),
+            },
+            "unreadable": [{"path": u.path, "reason": u.reason} for u in self.unreadable],
+            "notes": list(self.notes),
+            "fingerprints": {fp: hosts for fp, hosts in self.groups},
+            "grid": {
+                host: {check: cell.status for check, cell in row.items()}
+                for host, row in self.cells.items()
+            },
+            "hosts": [
+                {**r.to_dict(), "fingerprint": self.fingerprints[r.host]} for r in self.hosts
+            ],
+        }
+        if self.golden is not None:
+            data["golden"] = {
+                "host": self.golden,
+                "same": sorted(h for h, d in self.diffs.items() if not d),
+                "differ": {
+                    h: [d.to_dict() for d in found]
+                    for h, found in sorted(self.diffs.items()) if found
+                },
+            }
+        return data
+
+
+def _finding_counts(reports: Iterable[Report]) -> dict[str, int]:
+    counts = {s.value: 0 for s in Status}
+    for report in reports:
+        for finding in report.findings:
+            counts[finding.status.value] += 1
+    return counts
+
+
+_ORDER = {"error": 0, "fail": 1, "warn": 2, "skip": 3, "pass": 4}
+
+
+def fleet_view(
+    loaded: LoadedResults, golden: str | None = None
+) -> FleetView:
+    """Lay the reports out as hosts by checks, worst hosts first; diff against ``golden``."""
+    reports = sorted(loaded.reports, key=lambda r: (_ORDER[r.status.value], r.host))
+    checks = list(dict.fromkeys(res.check for r in reports for res in r.results))
+    diffs = golden_diff(reports, golden) if golden is not None else {}
+    differing = {
+        host: {d.check for d in found} for host, found in diffs.items()
+    }
+    cells: dict[str, dict[str, Cell]] = {}
+    fingerprints: dict[str, str] = {}
+    groups: dict[str, list[str]] = {}
+    for report in reports:
+        row: dict[str, Cell] = {}
+        marked = differing.get(report.host, set())
+        for result in report.results:
+            row[result.check] = Cell(
+                status=worst(f.status for f in result.findings).value,
+                findings=result.findings,
+                differs=result.check in marked,
+            )
+        cells[report.host] = row
+        stamp = fingerprint(report)
+        fingerprints[report.host] = stamp
+        groups.setdefault(stamp, []).append(report.host)
+    ordered_groups = sorted(groups.items(), key=lambda item: (-len(item[1]), item[0]))
+    return FleetView(
+        hosts=reports,
+        checks=checks,
+        cells=cells,
+        fingerprints=fingerprints,
+        groups=ordered_groups,
+        unreadable=list(loaded.unreadable),
+        notes=list(loaded.notes),
+        golden=golden,
+        diffs=diffs,
+    )
+
+
+FLEET_FORMATS = ("text", "json", "html", "prometheus")
+
+
+def render_fleet(view: FleetView, fmt: str, *, limit: int = 10) -> str:
+    """Render the fleet report: text, json, html (hosts by checks) or prometheus."""
+    if fmt == "json":
+        return json.dumps(view.to_dict(), indent=1, ensure_ascii=False) + "\n"
+    if fmt == "prometheus":
+        from auditor.prom import render_prometheus
+
+        return render_prometheus(view.hosts)
+    if fmt not in FLEET_FORMATS:
+        raise ValueError(f"unknown fleet format {fmt!r}")
+    from auditor.render import make_environment
+
+    env = make_environment("html" if fmt == "html" else "text")
+    template = env.get_template("fleet.html.j2" if fmt == "html" else "fleet.txt.j2")
+    return template.render(view=view, limit=limit)
