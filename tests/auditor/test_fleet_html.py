@@ -25,15 +25,23 @@ WIDTH, HEIGHT = 1200, 800
 PASS_RGB, FAIL_RGB = (0x2D, 0xA4, 0x4E), (0xCF, 0x22, 0x2E)
 
 
-def chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def chromium(tmp_path: Path, *args: str) -> tuple[int, str, str]:
+    """Run headless Chromium; return its exit status, stdout and stderr."""
     assert CHROMIUM is not None
-    return subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-         "--no-first-run", "--disable-background-networking", "--disable-component-update",
-         "--disable-sync", f"--user-data-dir={tmp_path / 'chromium-profile'}",
-         f"--window-size={WIDTH},{HEIGHT}", *args],
-        capture_output=True, text=True, timeout=60, check=False,
-    )
+    # Files, not pipes: Chromium's helper processes inherit the descriptors and can
+    # outlive the browser, and a pipe would wait for them.
+    out, err = tmp_path / "chromium.out", tmp_path / "chromium.err"
+    with out.open("wb") as stdout, err.open("wb") as stderr:
+        proc = subprocess.run(
+            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+             "--no-first-run", "--disable-background-networking", "--disable-component-update",
+             "--disable-sync", "--disable-breakpad", "--disable-crash-reporter",
+             f"--user-data-dir={tmp_path / 'chromium-profile'}",
+             f"--window-size={WIDTH},{HEIGHT}", *args],
+            stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, timeout=60, check=False,
+        )
+    return (proc.returncode, out.read_text(errors="replace"),
+            err.read_text(errors="replace"))
 
 
 def decode_png(data: bytes) -> tuple[int, int, list[tuple[int, int, int]]]:
@@ -103,16 +111,19 @@ def fleet_html(make_sysroot: Callable[[str], Sysroot], tmp_path: Path,
 
 
 def test_fleet_grid_renders_in_chromium(fleet_html: Path, tmp_path: Path) -> None:
-    proc = chromium(tmp_path, "--dump-dom", fleet_html.as_uri())
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    dom = proc.stdout
+    code, dom, err = chromium(tmp_path, "--dump-dom", fleet_html.as_uri())
+    assert code == 0, err[-2000:]
     rows = re.findall(r'<tr class="host-row (\w+)[^"]*" data-host="([^"]+)"', dom)
     # worst hosts first
     assert rows[0] == ("fail", "gpu-02")
     assert sorted(host for _, host in rows) == ["cpu-01", "gpu-01", "gpu-02"]
     cells = re.findall(r'<td class="cell (\w+)[^"]*" data-check="([^"]+)" data-status="(\w+)"',
                        dom)
-    assert len(cells) == 3 and ("fail", "numa.balancing", "fail") in cells
+    columns = re.findall(r'<th class="check"><code>([^<]+)</code>', dom)
+    assert "numa.balancing" in columns
+    assert len(cells) == 3 * len(columns)
+    assert ("fail", "numa.balancing", "fail") in cells
+    assert {status for _, _, status in cells} >= {"pass", "fail"}
     assert re.search(r"<summary>fail ≠</summary>", dom)  # differs from the golden host
     assert "automatic NUMA balancing is enabled" in dom  # the details behind the cell
     assert "Differences from golden host" in dom
@@ -121,8 +132,8 @@ def test_fleet_grid_renders_in_chromium(fleet_html: Path, tmp_path: Path) -> Non
 def test_fleet_grid_screenshot_shows_the_status_colours(fleet_html: Path,
                                                        tmp_path: Path) -> None:
     shot = tmp_path / "fleet.png"
-    proc = chromium(tmp_path, f"--screenshot={shot}", fleet_html.as_uri())
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    code, _, err = chromium(tmp_path, f"--screenshot={shot}", fleet_html.as_uri())
+    assert code == 0, err[-2000:]
     width, height, pixels = decode_png(shot.read_bytes())
     assert (width, height) == (WIDTH, HEIGHT)
     assert len(set(pixels)) > 20  # text, borders and cells: not a blank page
