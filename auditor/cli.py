@@ -218,3 +218,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+from auditor import cli_host  # noqa: E402, F401 - registers ``audit host``

@@ -374,5 +374,5 @@ def render_fleet(view: FleetView, fmt: str, *, limit: int = 10) -> str:
     from auditor.render import make_environment
 
     env = make_environment("html" if fmt == "html" else "text")
-    template = env.get_template("fleet.html.j2" if fmt == "html" else "fleet.txt.j2")
+    template = env.get_template("fleet.html.j2" if fmt == "html" else "merge.txt.j2")
     return template.render(view=view, limit=limit)
