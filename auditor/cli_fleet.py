@@ -209,12 +209,26 @@ def watch_command(
 
 
 def snapshot_command(
-    target: Annotated[str, typer.Argument(help="local, or a host reached over SSH.",
-                                          metavar="TARGET")],
-    output: Annotated[str, typer.Option("--output", "-o", help="Capture file (.tar.gz).",
-                                        metavar="FILE")],
+    target: Annotated[str, typer.Argument(
+        help="local, or [USER@]HOST[:PORT] reached over SSH.", metavar="TARGET")],
+    output: Annotated[str, typer.Option("--output", "-o", help="Capture file (.tar.gz; - for "
+                                        "stdout).", metavar="FILE")],
     check: CheckOpt = None,
     skip: SkipOpt = None,
+    user: Annotated[str | None, typer.Option("--user", "-u", help="SSH: log in as USER.")] = None,
+    port: Annotated[int | None, typer.Option("--port", "-p", min=1, max=65535,
+                                             help="SSH port.")] = None,
+    identity: Annotated[str | None, typer.Option("--identity", metavar="KEYFILE",
+                                                 help="SSH: private key to offer.")] = None,
+    sudo: Annotated[bool, typer.Option("--sudo", help="SSH: collect under 'sudo -n'.")] = False,
+    timeout: Annotated[float, typer.Option("--timeout", min=0.1,
+                                           help="SSH: seconds to connect and collect.")] = 10.0,
+    accept_new_host_keys: Annotated[bool, typer.Option(
+        "--accept-new-host-keys", help="SSH: trust an unknown host key on first use.")] = False,
+    known_hosts: Annotated[str | None, typer.Option(
+        "--known-hosts", metavar="FILE", help="SSH: also trust the keys in FILE.")] = None,
+    ssh_config: Annotated[str | None, typer.Option(
+        "--ssh-config", metavar="FILE", help="SSH: read this ssh config.")] = None,
 ) -> None:
     """Capture exactly what the checks read into a sysroot .tar.gz, for audit local --root."""
     from auditor.cli import AuditOptions, fatal, prepare
@@ -223,7 +237,16 @@ def snapshot_command(
     options = AuditOptions("text", None, tuple(check or ()), tuple(skip or ()))
     try:
         checks, _ = prepare(options)
-        summary = snapshot(target, checks, output)
+        ssh_options = None
+        if target != "local":
+            from auditor.hosts.ssh import SshOptions
+
+            ssh_options = SshOptions(
+                user=user, port=port, identity=identity, sudo=sudo, timeout=timeout,
+                accept_new_host_keys=accept_new_host_keys,
+                known_hosts=(known_hosts,) if known_hosts else (), ssh_config=ssh_config,
+            )
+        summary = snapshot(target, checks, output, ssh_options)
     except AuditorError as exc:
         fatal(str(exc), exc.exit_code)
     note(summary)

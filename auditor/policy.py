@@ -19,7 +19,7 @@ DEFAULT_PROFILE = "gpu-inference"
 #: entry for a check that is not registered is left out.
 #:
 #: - ``gpu-inference`` (default): a GPU serving host. Keep C-states to C1/C1E (an exit
-#:   of at most 10 us), the ``performance`` governor, 4096-byte PCIe reads for the
+#:   of at most 20 us), the ``performance`` governor, 4096-byte PCIe reads for the
 #:   host-to-device copies, and a kernel new enough for current NVIDIA open modules.
 #: - ``latency``: interactive, small-batch serving where a token's tail latency counts:
 #:   only C1 (exit of at most 2 us) may be entered, the rest as above.
@@ -28,7 +28,7 @@ DEFAULT_PROFILE = "gpu-inference"
 #:   stays off, deeper package states too), ``performance`` governor, 4096-byte reads.
 PROFILES: dict[str, dict[str, dict[str, Any]]] = {
     "gpu-inference": {
-        "cpu.cstates": {"max_exit_latency_us": 10},
+        "cpu.cstates": {"max_exit_latency_us": 20},
         "cpu.governor": {"governor": "performance"},
         "pcie.mrrs": {"min_read_request_bytes": 4096},
         "kernel.version": {"minimum": "5.15"},

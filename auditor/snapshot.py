@@ -13,9 +13,13 @@ import os
 import sys
 import tempfile
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from auditor.check import Check
 from auditor.errors import SnapshotError, UsageError
+
+if TYPE_CHECKING:
+    from auditor.hosts.ssh import SshOptions
 
 
 def _write_atomically(output: str, data: bytes) -> None:
@@ -45,24 +49,36 @@ def capture_local(checks: Sequence[type[Check]]) -> bytes:
     return collect_tar(patterns_for(checks), compress=True)
 
 
-def capture_remote(target: str, checks: Sequence[type[Check]]) -> bytes:
-    """Return a gzip tar sysroot of every path the checks read on a host over SSH."""
+def capture_remote(target: str, checks: Sequence[type[Check]],
+                   options: SshOptions | None = None) -> tuple[bytes, str]:
+    """Return a gzip tar sysroot of what the checks read on a host over SSH, and a note.
+
+    The note says why root-only files may be missing ("" when the collector ran as root).
+    """
+    from auditor.collect import patterns_for
+    from auditor.hosts.ssh import SshHost, parse_target
+
+    host = SshHost(parse_target(target), options)
     try:
-        from auditor.hosts.ssh import capture  # type: ignore[attr-defined]
-    except ImportError as exc:
-        raise UsageError(
-            f"cannot snapshot {target!r}: this build audits over SSH only once "
-            "auditor.hosts.ssh is installed; use 'audit snapshot local' on the host"
-        ) from exc
-    tar: bytes = capture(target, checks)
-    return tar if tar[:2] == b"\x1f\x8b" else gzip.compress(tar, 6)
+        host.connect()
+        host.collect(patterns_for(checks))
+    finally:
+        host.close()
+    assert host.collection is not None  # collect() sets it or raises
+    tar = host.collection.tar
+    return (tar if tar[:2] == b"\x1f\x8b" else gzip.compress(tar, 6)), host.privilege_note
 
 
-def snapshot(target: str, checks: Sequence[type[Check]], output: str) -> str:
+def snapshot(target: str, checks: Sequence[type[Check]], output: str,
+             ssh_options: SshOptions | None = None) -> str:
     """Capture the checks' reads on ``target`` into ``output``; return a one-line summary."""
     from auditor.hosts.archive import ArchiveHost
 
-    data = capture_local(checks) if target == "local" else capture_remote(target, checks)
+    note = ""
+    if target == "local":
+        data = capture_local(checks)
+    else:
+        data, note = capture_remote(target, checks, ssh_options)
     try:
         capture = ArchiveHost(data, output)
     except SnapshotError as exc:  # the collector wrote something ArchiveHost cannot read
@@ -72,4 +88,5 @@ def snapshot(target: str, checks: Sequence[type[Check]], output: str) -> str:
     _write_atomically(output, data)
     where = "stdout" if output == "-" else output
     return (f"snapshot of {capture.name} ({target}) for {len(checks)} checks: "
-            f"{len(members)} entries, {devices} device nodes, {len(data)} bytes -> {where}")
+            f"{len(members)} entries, {devices} device nodes, {len(data)} bytes -> {where}"
+            + (f" ({note})" if note else ""))

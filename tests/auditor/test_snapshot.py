@@ -110,3 +110,37 @@ def test_unwritable_output_is_a_usage_error_in_one_line(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "cannot write capture" in proc.stderr
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.ssh
+def test_snapshot_over_ssh_replays_to_the_same_findings(ssh_env: Any, tmp_path: Path) -> None:
+    capture = tmp_path / "remote.tar.gz"
+    server = ssh_env.server
+    proc = subprocess.run(
+        [AUDIT, "snapshot", f"{server.address}:{server.port}", "-o", str(capture), "--sudo",
+         *ssh_env.cli_args("ha-sudo")],
+        capture_output=True, text=True, check=False, timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert f"({server.address}:{server.port})" in proc.stderr
+    # sshd runs on this machine: the remote capture is this machine seen over SSH
+    live = audit_json()
+    replay = audit_json("--root", str(capture))
+    assert verdicts(replay) == verdicts(live)
+    with tarfile.open(capture) as archive:
+        names = archive.getnames()
+    assert not [n for n in names if n.endswith("environ") or "/.ssh/" in n]
+
+
+@pytest.mark.ssh
+def test_snapshot_of_an_unknown_host_key_is_refused(ssh_env: Any, tmp_path: Path) -> None:
+    server = ssh_env.server
+    proc = subprocess.run(
+        [AUDIT, "snapshot", f"{server.address}:{server.port}", "-o", str(tmp_path / "x.tgz"),
+         "--user", "ha-sudo", "--identity", str(ssh_env.lab.client_key),
+         "--known-hosts", str(tmp_path / "empty_known_hosts")],
+        capture_output=True, text=True, check=False, timeout=60,
+    )
+    assert proc.returncode == 3
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("audit: error: ")
+    assert not (tmp_path / "x.tgz").exists()
