@@ -19,8 +19,8 @@ DEFAULT_PROFILE = "gpu-inference"
 #: entry for a check that is not registered is left out.
 #:
 #: - ``gpu-inference`` (default): a GPU serving host. Keep C-states to C1/C1E (an exit
-#:   of at most 20 us), the ``performance`` governor, 4096-byte PCIe reads for the
-#:   host-to-device copies, and a kernel new enough for current NVIDIA open modules.
+#:   of at most 20 us), the ``performance`` governor and 4096-byte PCIe reads for the
+#:   host-to-device copies; the kernel minimum stays kernel.version's own.
 #: - ``latency``: interactive, small-batch serving where a token's tail latency counts:
 #:   only C1 (exit of at most 2 us) may be entered, the rest as above.
 #: - ``throughput``: offline, large-batch work where bandwidth counts and a C-state
@@ -31,19 +31,16 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
         "cpu.cstates": {"max_exit_latency_us": 20},
         "cpu.governor": {"governor": "performance"},
         "pcie.mrrs": {"min_read_request_bytes": 4096},
-        "kernel.version": {"minimum": "5.15"},
     },
     "latency": {
         "cpu.cstates": {"max_exit_latency_us": 2},
         "cpu.governor": {"governor": "performance"},
         "pcie.mrrs": {"min_read_request_bytes": 4096},
-        "kernel.version": {"minimum": "5.15"},
     },
     "throughput": {
         "cpu.cstates": {"max_exit_latency_us": 100},
         "cpu.governor": {"governor": "performance"},
         "pcie.mrrs": {"min_read_request_bytes": 4096},
-        "kernel.version": {"minimum": "5.15"},
     },
 }
 
