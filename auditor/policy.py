@@ -24,7 +24,7 @@ DEFAULT_PROFILE = "gpu-inference"
 #: - ``latency``: interactive, small-batch serving where a token's tail latency counts:
 #:   only C1 (exit of at most 2 us) may be entered, the rest as above.
 #: - ``throughput``: offline, large-batch work where bandwidth counts and a C-state
-#:   wake-up hides behind long kernels: states up to 100 us exit (C6 on most servers
+#:   wake-up hides behind long kernels: states up to 50 us exit (C6 on most servers
 #:   stays off, deeper package states too), ``performance`` governor, 4096-byte reads.
 PROFILES: dict[str, dict[str, dict[str, Any]]] = {
     "gpu-inference": {
@@ -38,7 +38,7 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
         "pcie.mrrs": {"min_read_request_bytes": 4096},
     },
     "throughput": {
-        "cpu.cstates": {"max_exit_latency_us": 100},
+        "cpu.cstates": {"max_exit_latency_us": 50},
         "cpu.governor": {"governor": "performance"},
         "pcie.mrrs": {"min_read_request_bytes": 4096},
     },

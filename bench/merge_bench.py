@@ -94,8 +94,8 @@ def results_error(host: str) -> dict[str, Any]:
             "summary": {"pass": 0, "skip": 0, "warn": 0, "fail": 0, "error": 0}}
 
 
-def run_merge(args: list[str]) -> tuple[float, float, int]:
-    """Run ``audit merge`` as a child; return (wall seconds, peak RSS in MB, exit code)."""
+def run_merge(args: list[str]) -> tuple[float, float, float, int]:
+    """Run ``audit merge`` as a child; return (wall s, CPU s, peak RSS in MB, exit code)."""
     started = time.perf_counter()
     proc = subprocess.Popen([AUDIT, "merge", *args], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
@@ -105,9 +105,10 @@ def run_merge(args: list[str]) -> tuple[float, float, int]:
     if proc.stderr is not None:
         err = proc.stderr.read().decode(errors="replace")
         proc.stderr.close()
-        if proc.returncode not in (0, 1):
+        if err.strip() and proc.returncode not in (0, 1, 3):
             print(err.strip(), file=sys.stderr)
-    return wall, usage.ru_maxrss / 1024, proc.returncode
+    cpu = usage.ru_utime + usage.ru_stime
+    return wall, cpu, usage.ru_maxrss / 1024, proc.returncode
 
 
 def main() -> int:
@@ -134,10 +135,13 @@ def main() -> int:
     try:
         for fmt in ("text", "json", "html", "prometheus"):
             out = workdir / f"fleet.{fmt}"
-            wall, rss, code = run_merge([str(results), "--format", fmt, "-o", str(out),
-                                         "--golden", "gpu-00-001"])
+            wall, cpu, rss, code = run_merge([str(results), "--format", fmt, "-o", str(out),
+                                              "--golden", "gpu-00-001"])
             print(f"audit merge --format {fmt:<10} {options.hosts} hosts: wall {wall:.2f} s, "
-                  f"peak RSS {rss:.0f} MB, exit {code}, output {out.stat().st_size / 1e6:.1f} MB")
+                  f"CPU {cpu:.2f} s, peak RSS {rss:.0f} MB, exit {code}, "
+                  f"output {out.stat().st_size / 1e6:.1f} MB", flush=True)
+        print(f"load average now: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
+              f"on {os.cpu_count()} CPUs (wall time includes waiting for them)")
     finally:
         if not options.keep:
             shutil.rmtree(workdir, ignore_errors=True)
