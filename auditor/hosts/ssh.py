@@ -144,6 +144,31 @@ def _make_policy(record_to: str | None) -> Any:
     return AcceptNew() if record_to else RefuseUnknown()
 
 
+class QuickAckSocket:
+    """A socket that acknowledges every segment at once (Linux ``TCP_QUICKACK``).
+
+    sshd leaves Nagle on for sessions without a terminal, so when it answers with
+    two small packets in a row the second waits for our ACK, which Linux delays
+    by up to 40 ms. QUICKACK is not sticky, so it is set again before each read.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._quickack = getattr(socket, "TCP_QUICKACK", None)
+
+    def recv(self, size: int) -> bytes:
+        """Read from the socket, acknowledging what arrives without delay."""
+        if self._quickack is not None:
+            try:
+                self._sock.setsockopt(socket.IPPROTO_TCP, self._quickack, 1)
+            except OSError:
+                self._quickack = None
+        return self._sock.recv(size)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
 class SshHost(Host):
     """A remote host read over SSH: collected in one command, then read from memory."""
 
@@ -219,13 +244,21 @@ class SshHost(Host):
                 sock = socket.create_connection((conn.host, int(conn.port)),
                                                 timeout=self.options.timeout)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                conn.connect_kwargs["sock"] = sock
+                conn.connect_kwargs["sock"] = QuickAckSocket(sock)
             conn.open()
         except AuditorError:
             self.close()
             raise
         except Exception as exc:
             self.close()
+            elapsed = time.perf_counter() - started
+            if isinstance(exc, paramiko.SSHException) and elapsed >= self.options.timeout * 0.9:
+                # A server that accepts and then says nothing surfaces as "No existing
+                # session" or a banner error once paramiko's timers run out.
+                raise HostUnreachable(
+                    f"{self.spec.display}: connection timed out after "
+                    f"{self.options.timeout:g} s (no answer from the SSH server)"
+                ) from exc
             raise _map_error(exc, self.spec.display, self.options.timeout, "connect") from exc
         transport = conn.client.get_transport()
         if transport is not None and conn.gateway:
