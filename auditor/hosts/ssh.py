@@ -13,6 +13,7 @@ trust on first use is asked for, and a changed key is always refused.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
@@ -188,8 +189,8 @@ class SshHost(Host):
         self.connect_s = 0.0
         self.collect_s = 0.0
         self._conn: fabric.Connection | None = None
+        self._sock: socket.socket | None = None
         self._archive: ArchiveHost | None = None
-        self._closed = False
 
     # -- connecting ----------------------------------------------------------------------
 
@@ -244,6 +245,7 @@ class SshHost(Host):
                 sock = socket.create_connection((conn.host, int(conn.port)),
                                                 timeout=self.options.timeout)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self._sock = sock
                 conn.connect_kwargs["sock"] = QuickAckSocket(sock)
             conn.open()
         except AuditorError:
@@ -318,13 +320,21 @@ class SshHost(Host):
         return host
 
     def close(self) -> None:
-        """Close the SSH connection (reads keep working from what was collected)."""
+        """Close the SSH connection, even one still being set up (reads keep working)."""
         conn, self._conn = self._conn, None
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            # Closing our socket wakes a thread still waiting for the banner or a key
+            # exchange; fabric's close() only acts on a connection already open.
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                sock.close()
         if conn is not None:
-            try:
+            with contextlib.suppress(Exception):
+                conn.client.close()
+            with contextlib.suppress(Exception):
                 conn.close()
-            except Exception:  # noqa: S110 - closing a broken connection may fail too
-                pass
 
     # -- the host seam, served from the collection -----------------------------------------
 
