@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import replace
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -98,6 +99,10 @@ class FleetAudit:
             host.connect()
             host.collect(self.patterns)
             report = audit(host, self.checks, self.policy, debug=self.debug, workers=1)
+            if host.privilege_note:
+                # Reports show why root-only reads (PCI config past 64 bytes) are missing.
+                report = replace(report, facts=(*report.facts,
+                                                ("privilege", host.privilege_note)))
         except AuditorError as exc:
             if self._stopping.is_set():
                 return None  # closed by Ctrl-C: not this host's fault

@@ -16,6 +16,7 @@ from auditor.errors import UsageError
 from auditor.hosts.ssh import SshTarget, parse_target
 
 _RANGE = re.compile(r"\[(\d+):(\d+)\]|\[([a-z]):([a-z])\]")
+_KEY_VALUE = re.compile(r"^(.*?):(?:\s+(.*))?$")
 _GROUP = re.compile(r"^\[([^\]:]+)(?::(vars|children))?\]$")
 
 
@@ -124,11 +125,15 @@ def parse_ini(text: str, label: str = "inventory") -> list[SshTarget]:
 
 def _scalar(text: str) -> str:
     text = text.strip()
+    if text[:1] not in "'\"":
+        text = text.split(" #", 1)[0].strip()
+    elif " #" in text and text.rstrip()[-1:] != text[:1]:
+        text = text.rsplit(" #", 1)[0].strip()
     if text[:1] in "'\"" and text[-1:] == text[:1] and len(text) >= 2:
         return text[1:-1]
     if text in ("~", "null", "Null", "NULL"):
         return ""
-    return text.split(" #", 1)[0].strip()
+    return text
 
 
 def read_yaml_mapping(text: str, label: str = "inventory") -> dict[str, Any]:
@@ -144,9 +149,10 @@ def read_yaml_mapping(text: str, label: str = "inventory") -> dict[str, Any]:
         line = stripped.strip()
         if line.startswith("- "):
             raise UsageError(f"{label}:{number}: lists are not used in an inventory")
-        key, sep, value = line.partition(":")
-        if not sep or (value and not value.startswith((" ", "\t"))):
+        pair = _KEY_VALUE.match(line)
+        if pair is None:
             raise UsageError(f"{label}:{number}: expected 'key:' or 'key: value'")
+        key, value = pair.group(1), pair.group(2) or ""
         if pending is not None:
             parent_indent, parent, parent_key = pending
             if indent > parent_indent:

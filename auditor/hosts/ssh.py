@@ -13,6 +13,7 @@ trust on first use is asked for, and a changed key is always refused.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
@@ -144,6 +145,31 @@ def _make_policy(record_to: str | None) -> Any:
     return AcceptNew() if record_to else RefuseUnknown()
 
 
+class QuickAckSocket:
+    """A socket that acknowledges every segment at once (Linux ``TCP_QUICKACK``).
+
+    sshd leaves Nagle on for sessions without a terminal, so when it answers with
+    two small packets in a row the second waits for our ACK, which Linux delays
+    by up to 40 ms. QUICKACK is not sticky, so it is set again before each read.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._quickack = getattr(socket, "TCP_QUICKACK", None)
+
+    def recv(self, size: int) -> bytes:
+        """Read from the socket, acknowledging what arrives without delay."""
+        if self._quickack is not None:
+            try:
+                self._sock.setsockopt(socket.IPPROTO_TCP, self._quickack, 1)
+            except OSError:
+                self._quickack = None
+        return self._sock.recv(size)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
 class SshHost(Host):
     """A remote host read over SSH: collected in one command, then read from memory."""
 
@@ -163,8 +189,8 @@ class SshHost(Host):
         self.connect_s = 0.0
         self.collect_s = 0.0
         self._conn: fabric.Connection | None = None
+        self._sock: socket.socket | None = None
         self._archive: ArchiveHost | None = None
-        self._closed = False
 
     # -- connecting ----------------------------------------------------------------------
 
@@ -219,13 +245,22 @@ class SshHost(Host):
                 sock = socket.create_connection((conn.host, int(conn.port)),
                                                 timeout=self.options.timeout)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                conn.connect_kwargs["sock"] = sock
+                self._sock = sock
+                conn.connect_kwargs["sock"] = QuickAckSocket(sock)
             conn.open()
         except AuditorError:
             self.close()
             raise
         except Exception as exc:
             self.close()
+            elapsed = time.perf_counter() - started
+            if isinstance(exc, paramiko.SSHException) and elapsed >= self.options.timeout * 0.9:
+                # A server that accepts and then says nothing surfaces as "No existing
+                # session" or a banner error once paramiko's timers run out.
+                raise HostUnreachable(
+                    f"{self.spec.display}: connection timed out after "
+                    f"{self.options.timeout:g} s (no answer from the SSH server)"
+                ) from exc
             raise _map_error(exc, self.spec.display, self.options.timeout, "connect") from exc
         transport = conn.client.get_transport()
         if transport is not None and conn.gateway:
@@ -285,13 +320,21 @@ class SshHost(Host):
         return host
 
     def close(self) -> None:
-        """Close the SSH connection (reads keep working from what was collected)."""
+        """Close the SSH connection, even one still being set up (reads keep working)."""
         conn, self._conn = self._conn, None
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            # Closing our socket wakes a thread still waiting for the banner or a key
+            # exchange; fabric's close() only acts on a connection already open.
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                sock.close()
         if conn is not None:
-            try:
+            with contextlib.suppress(Exception):
+                conn.client.close()
+            with contextlib.suppress(Exception):
                 conn.close()
-            except Exception:  # noqa: S110 - closing a broken connection may fail too
-                pass
 
     # -- the host seam, served from the collection -----------------------------------------
 

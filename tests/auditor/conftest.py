@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.sshd import SshLab, Sshd
+from tests.sshd import Sshd, SshLab
 
 #: Tools the sh collector needs, linked into a PATH that has no python3.
 SH_TOOLS = ("sh", "id", "sudo", "readlink", "head", "od", "ls")
