@@ -12,6 +12,7 @@ import contextlib
 import gc
 import hashlib
 import json
+import operator
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -33,10 +34,9 @@ def _worst(statuses: Iterable[str]) -> str:
 
 def _raw_status(finding: Finding) -> str:
     # A waiver is policy, not tuning: fingerprint the status the host really has.
-    for key, value in finding.evidence:
-        if key == "waived":
-            return value
-    return finding.status.value
+    if finding.status is not Status.PASS or not finding.evidence:
+        return finding.status.value
+    return dict(finding.evidence).get("waived") or finding.status.value
 
 
 def fingerprint_inputs(report: Report) -> dict[str, Any]:
@@ -95,6 +95,7 @@ _STATUSES = {s.value: s for s in Status}
 _SEVERITIES = {s.value: s for s in Severity}
 _TEXT_FIELDS = ("check", "host", "subject", "observed", "expected", "message", "fix")
 _STR = frozenset({str})
+_text_fields = operator.itemgetter(*_TEXT_FIELDS)
 
 
 def _finding(data: Any) -> Finding:
@@ -109,7 +110,10 @@ def _finding(data: Any) -> Finding:
         status_text, severity_text = data.get("status"), data.get("severity", "info")
         status = _STATUSES.get(status_text) if type(status_text) is str else None
         severity = _SEVERITIES.get(severity_text) if type(severity_text) is str else None
-        values = [data.get(key, "") for key in _TEXT_FIELDS]
+        try:
+            values = _text_fields(data)
+        except KeyError:  # not written by audit: some field left out
+            values = [data.get(key, "") for key in _TEXT_FIELDS]
         if (
             status is not None and severity is not None and type(evidence) is dict
             and "check" in data and set(map(type, values)) <= _STR
@@ -164,6 +168,9 @@ def _no_cycle_collection() -> Iterator[None]:
     try:
         yield
     finally:
+        # What was made lives until the command ends: leave it out of later
+        # collections rather than walk it again at the next one.
+        gc.freeze()
         if enabled:
             gc.enable()
 
