@@ -160,6 +160,8 @@ def merge_command(
     hosts = {r.host for r in loaded.reports}
     if golden is not None and golden not in hosts:
         fatal(f"golden host {golden!r} is not among the merged results", EXIT_USAGE)
+    if golden is not None and any(r.error for r in loaded.reports if r.host == golden):
+        fatal(f"golden host {golden!r} could not be audited: pick another", EXIT_USAGE)
     view = fleet_view(loaded, golden)
     write_output(render_fleet(view, fmt), output)
     if loaded.unreadable:

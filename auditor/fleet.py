@@ -308,8 +308,8 @@ def golden_diff(
     reference = _state(by_host[golden])
     diffs: dict[str, list[Difference]] = {}
     for report in reports:
-        if report.host == golden:
-            continue
+        if report.host == golden or report.error:
+            continue  # a host that could not be audited is listed as such, not diffed
         state = _state(report)
         found: list[Difference] = []
         for key in sorted(reference.keys() | state.keys()):
@@ -462,6 +462,9 @@ def _fleet_view(loaded: LoadedResults, golden: str | None) -> FleetView:
     fingerprints: dict[str, str] = {}
     groups: dict[str, list[str]] = {}
     for report in reports:
+        if report.error:
+            fingerprints[report.host] = ""  # nothing was read: no tuned state to stamp
+            continue
         stamp = fingerprint(report)
         fingerprints[report.host] = stamp
         groups.setdefault(stamp, []).append(report.host)

@@ -80,8 +80,9 @@ def render_prometheus(reports: Sequence[Report]) -> str:
         duration_lines.append(
             f"host_auditor_duration_seconds{_labels([('host', host)])} {report.duration_s:.4f}"
         )
-        stamp_labels = _labels([("host", host), ("fingerprint", fingerprint(report))])
-        info_lines.append(f"host_auditor_tuning_info{stamp_labels} 1")
+        if not report.error:  # nothing read from an unreachable host: no tuned state
+            stamp_labels = _labels([("host", host), ("fingerprint", fingerprint(report))])
+            info_lines.append(f"host_auditor_tuning_info{stamp_labels} 1")
     blocks = [
         ("host_auditor_finding",
          "One series per check and subject; the status label holds the verdict.",

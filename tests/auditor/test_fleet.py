@@ -297,3 +297,27 @@ def test_merge_renders_every_host_as_prometheus(
     assert code == 0
     hosts = {labels["host"] for labels, _ in parse(out)["host_auditor_up"]}
     assert hosts == {"gpu-01", "cpu-01"}
+
+
+def test_unreachable_host_is_listed_not_diffed_nor_fingerprinted(
+    h200: Sysroot, results: Results, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    good = results(h200, "gpu-01")
+    down = tmp_path / "gpu-09.json"
+    down.write_text(json.dumps(Report(
+        host="gpu-09", target="ssh://gpu-09", started="2026-12-03T04:00:00+00:00",
+        duration_s=10.0, results=(), error="gpu-09: connection timed out after 10 s",
+    ).to_dict()))
+    code, out, _ = merge(capsys, "--format", "json", "--golden", "gpu-01", str(good), str(down))
+    assert code == 3
+    fleet = json.loads(out)
+    assert fleet["summary"]["unreachable"] == 1
+    assert fleet["golden"] == {"host": "gpu-01", "same": [], "differ": {}}
+    assert {h["host"]: h["fingerprint"] for h in fleet["hosts"]}["gpu-09"] == ""
+    assert all("gpu-09" not in hosts for hosts in fleet["fingerprints"].values())
+    _, prom, _ = merge(capsys, "--format", "prometheus", str(good), str(down))
+    families = parse(prom)
+    assert ({"host": "gpu-09"}, 0.0) in families["host_auditor_up"]
+    assert [labels["host"] for labels, _ in families["host_auditor_tuning_info"]] == ["gpu-01"]
+    code, _, err = merge(capsys, "--golden", "gpu-09", str(good), str(down))
+    assert code == 2 and "could not be audited" in err
