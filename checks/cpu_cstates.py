@@ -15,10 +15,11 @@ from typing import ClassVar
 from auditor.check import Check
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity
-from auditor.parsing import format_cpulist, kernel_cmdline_params
+from auditor.parsing import format_cpulist, kernel_cmdline_params, parse_cpulist
 
 CPU_DIR = "/sys/devices/system/cpu"
 DRIVER = f"{CPU_DIR}/cpuidle/current_driver"
+OFFLINE = f"{CPU_DIR}/offline"
 CMDLINE = "/proc/cmdline"
 STATE_FILES = ("name", "desc", "latency", "disable", "residency")
 #: Module parameters that cap the deepest state a driver registers, with their default,
@@ -33,6 +34,9 @@ GUEST_DRIVERS = frozenset({"haltpoll"})
 _MAX_STATES = 16
 
 _CPU_NAME = re.compile(r"^cpu([0-9]{1,5})$")
+#: A kernel CPU list with no number over five digits (a garbled file must not expand
+#: into billions of CPUs).
+_CPU_LIST = re.compile(r"^(?:[0-9]{1,5}(?:-[0-9]{1,5})?)(?:,[0-9]{1,5}(?:-[0-9]{1,5})?)*$")
 
 
 @dataclass(frozen=True)
@@ -60,12 +64,20 @@ class StateUse:
 
 
 def online_cpus(host: Host) -> list[int]:
-    """Return the CPU numbers that have a directory under /sys/devices/system/cpu."""
+    """Return the CPUs under /sys/devices/system/cpu, less those the kernel lists offline."""
     try:
         names = host.listdir(CPU_DIR)
     except OSError:
         return []
-    return sorted(int(m.group(1)) for n in names if (m := _CPU_NAME.match(n)))
+    # An offline CPU keeps its cpuidle directory but never idles: leave it out.
+    offline_text = host.read_optional(OFFLINE) or ""
+    try:
+        offline = set(parse_cpulist(offline_text)) if _CPU_LIST.match(offline_text) else set()
+    except ValueError:
+        offline = set()
+    return sorted(
+        cpu for n in names if (m := _CPU_NAME.match(n)) and (cpu := int(m.group(1))) not in offline
+    )
 
 
 def read_state_table(host: Host, cpu: int) -> tuple[IdleState, ...]:
@@ -151,6 +163,7 @@ class CpuCstates(Check):
     severity: ClassVar[Severity] = Severity.HIGH
     reads: ClassVar[tuple[str, ...]] = (
         DRIVER,
+        OFFLINE,
         *(f"{CPU_DIR}/cpu*/cpuidle/state*/{name}" for name in STATE_FILES),
         f"{CPU_DIR}/cpu*/cpuidle/driver/name",
         CMDLINE,

@@ -151,6 +151,20 @@ def test_every_state_disabled_passes(h200: Sysroot) -> None:
     assert "every idle state is disabled" in finding.message
 
 
+def test_offline_cpus_are_left_out(h200: Sysroot) -> None:
+    plant_states(h200, range(32), INTEL)
+    h200.write(f"{CPU}/offline", "4-7,30\n")
+    c6 = fails(findings(h200))["C6"]
+    assert dict(c6.evidence)["cpus"] == "0-3,8-29,31"
+
+
+@pytest.mark.parametrize("offline", ["0-99999999999", "banana", "\u00b2", "5-"])
+def test_garbled_offline_list_leaves_every_cpu_in(h200: Sysroot, offline: str) -> None:
+    plant_states(h200, range(8), INTEL)
+    h200.write(f"{CPU}/offline", f"{offline}\n")
+    assert dict(fails(findings(h200))["C6"].evidence)["cpus"] == "0-7"
+
+
 def test_cpus_with_fewer_states_are_judged_apart(h200: Sysroot) -> None:
     plant_states(h200, range(16), INTEL)
     plant_states(h200, range(16, 32), INTEL[:3])  # these CPUs list no C6
@@ -309,10 +323,10 @@ def test_reads_declares_every_path_and_each_file_is_read_once(h200: Sysroot) -> 
     # One listing of the CPU directory. Per CPU: each state's disable flag. Once: the
     # per-CPU driver name (absent here, so not read again), the driver's table (name,
     # one probe past the last state, latency), desc and residency per failing state,
-    # the driver, the command line and two module parameters.
+    # the driver, the offline list, the command line and two module parameters.
     assert host.listed == [CPU]
     table_reads = (states + 1) + states + 2 * (states - 1)
-    assert len(host.touched) == cpus * states + 1 + table_reads + 4
+    assert len(host.touched) == cpus * states + 1 + table_reads + 5
 
 
 def format_odd(cpus: int) -> str:
