@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
+from auditor.cli_fleet import register as register_fleet_commands
 from auditor.errors import AuditorError
 from auditor.model import FailOn, Report
 
@@ -207,6 +208,9 @@ def explain_command(check_id: Annotated[str, typer.Argument(metavar="ID")]) -> N
     print("\n".join(lines))
 
 
+register_fleet_commands(app)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``audit`` command; return its exit code."""
     try:
@@ -227,3 +231,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+from auditor import cli_host  # noqa: E402, F401 - registers ``audit host``

@@ -14,16 +14,32 @@ from auditor.model import Finding, Status
 
 DEFAULT_PROFILE = "gpu-inference"
 
-#: Built-in profiles: per check id, the options that differ from the checks' defaults.
-#: ``gpu-inference`` is the checks' own defaults.
+#: Built-in profiles: per check id, option values laid over the checks' defaults. They
+#: name only the option keys the checks define (a test holds them to it); a profile
+#: entry for a check that is not registered is left out.
+#:
+#: - ``gpu-inference`` (default): a GPU serving host. Keep C-states to C1/C1E (an exit
+#:   of at most 20 us), the ``performance`` governor and 4096-byte PCIe reads for the
+#:   host-to-device copies; the kernel minimum stays kernel.version's own.
+#: - ``latency``: interactive, small-batch serving where a token's tail latency counts:
+#:   only C1 (exit of at most 2 us) may be entered, the rest as above.
+#: - ``throughput``: offline, large-batch work where bandwidth counts and a C-state
+#:   wake-up hides behind long kernels: states up to 50 us exit (C6 on most servers
+#:   stays off, deeper package states too), ``performance`` governor, 4096-byte reads.
 PROFILES: dict[str, dict[str, dict[str, Any]]] = {
-    "gpu-inference": {},
+    "gpu-inference": {
+        "cpu.cstates": {"max_exit_latency_us": 20},
+        "cpu.governor": {"governor": "performance"},
+        "pcie.mrrs": {"min_read_request_bytes": 4096},
+    },
     "latency": {
         "cpu.cstates": {"max_exit_latency_us": 2},
+        "cpu.governor": {"governor": "performance"},
         "pcie.mrrs": {"min_read_request_bytes": 4096},
     },
     "throughput": {
         "cpu.cstates": {"max_exit_latency_us": 50},
+        "cpu.governor": {"governor": "performance"},
         "pcie.mrrs": {"min_read_request_bytes": 4096},
     },
 }
@@ -40,12 +56,19 @@ class Waiver:
     expires: dt.date | None = None
 
     def matches(self, finding: Finding) -> bool:
-        """Return whether the waiver names this finding's check, host and subject."""
+        """Return whether the waiver names this finding's check, host and subject.
+
+        Host names compare without case (DNS names have none); subjects compare exactly.
+        """
         return (
             finding.check == self.check
-            and fnmatch.fnmatchcase(finding.host, self.host)
+            and fnmatch.fnmatchcase(finding.host.lower(), self.host.lower())
             and fnmatch.fnmatchcase(finding.subject, self.subject)
         )
+
+    def expired(self, today: dt.date) -> bool:
+        """Return whether the waiver has lapsed: it holds through its ``expires`` day."""
+        return self.expires is not None and self.expires < today
 
 
 @dataclass(frozen=True)
@@ -61,35 +84,86 @@ class Policy:
         return {**check.defaults, **self.options.get(check.id, {})}
 
     def apply_waivers(self, finding: Finding, today: dt.date | None = None) -> Finding:
-        """Return the finding as waived, or noting an expired waiver, or unchanged."""
+        """Return the finding waived by the first live waiver that matches, else unchanged.
+
+        A matching waiver past its expiry date waives nothing: the finding keeps its
+        status, and its message and evidence say which waiver lapsed and when.
+        """
         if finding.status not in (Status.WARN, Status.FAIL):
             return finding
         today = today or dt.date.today()
+        lapsed: Waiver | None = None
         for waiver in self.waivers:
             if not waiver.matches(finding):
                 continue
+            if waiver.expired(today):
+                lapsed = lapsed or waiver
+                continue
             until = f" until {waiver.expires.isoformat()}" if waiver.expires else ""
-            if waiver.expires is not None and waiver.expires < today:
-                return replace(
-                    finding,
-                    message=f"{finding.message} (waiver expired on {waiver.expires.isoformat()}:"
-                    f" {waiver.reason})",
-                )
             return replace(
                 finding,
                 status=Status.PASS,
                 message=f"waived{until}: {waiver.reason} [{finding.status.value}: "
                 f"{finding.message}]",
-                evidence=(*finding.evidence, ("waived", finding.status.value)),
+                evidence=(*finding.evidence, ("waived", finding.status.value),
+                          ("waiver_reason", waiver.reason)),
+            )
+        if lapsed is not None and lapsed.expires is not None:
+            expired = lapsed.expires.isoformat()
+            return replace(
+                finding,
+                message=f"{finding.message} (waiver expired on {expired}: {lapsed.reason})",
+                evidence=(*finding.evidence, ("waiver_expired", expired),
+                          ("waiver_reason", lapsed.reason)),
             )
         return finding
 
 
+def _type_name(value: Any) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+            list: "a list", tuple: "a list"}.get(type(value), type(value).__name__)
+
+
+def _coerce(source: str, where: str, default: Any, value: Any) -> Any:
+    """Return ``value`` in the type of ``default``, or raise PolicyError."""
+    def wrong() -> PolicyError:
+        return PolicyError(f"{source}: {where} must be {_type_name(default)}, got {value!r}")
+
+    if default is None:  # no default: any scalar a TOML file can hold
+        if isinstance(value, (str, int, float, bool)):
+            return value
+        raise wrong()
+    if isinstance(default, bool) or isinstance(value, bool):
+        if isinstance(default, bool) and isinstance(value, bool):
+            return value
+        raise wrong()
+    if isinstance(default, float):
+        if isinstance(value, (int, float)):
+            return float(value)
+        raise wrong()
+    if isinstance(default, (list, tuple)):
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, (list, tuple)):
+            raise wrong()
+        kinds = {type(item) for item in default}
+        if kinds and any(type(item) not in kinds for item in items):
+            raise wrong()
+        return type(default)(items)
+    if isinstance(value, type(default)):
+        return value
+    raise wrong()
+
+
 def _check_values(
-    source: str, check_id: str, values: Any, checks: Mapping[str, type[Check]]
+    source: str, check_id: Any, values: Any, checks: Mapping[str, type[Check]]
 ) -> dict[str, Any]:
-    if check_id not in checks:
-        raise PolicyError(f"{source}: unknown check id {check_id!r}")
+    if not isinstance(check_id, str) or check_id not in checks:
+        hint = ""
+        if isinstance(values, Mapping) and isinstance(check_id, str) and any(
+            f"{check_id}.{key}" in checks for key in values
+        ):
+            hint = f' (quote a dotted id: [checks."{check_id}.{next(iter(values))}"])'
+        raise PolicyError(f"{source}: unknown check id {check_id!r}{hint}")
     if not isinstance(values, Mapping):
         raise PolicyError(f"{source}: [checks.{check_id!r}] must be a table")
     defaults = checks[check_id].defaults
@@ -98,15 +172,7 @@ def _check_values(
         if key not in defaults:
             known = ", ".join(sorted(defaults)) or "none"
             raise PolicyError(f"{source}: {check_id} has no option {key!r} (options: {known})")
-        default = defaults[key]
-        if isinstance(default, bool) != isinstance(value, bool) or not isinstance(
-            value, (type(default), int) if isinstance(default, float) else type(default)
-        ):
-            raise PolicyError(
-                f"{source}: {check_id}.{key} must be {type(default).__name__}, "
-                f"got {value!r}"
-            )
-        result[key] = value
+        result[key] = _coerce(source, f"{check_id}.{key}", defaults[key], value)
     return result
 
 
@@ -118,7 +184,7 @@ def _waiver(source: str, index: int, data: Any, checks: Mapping[str, type[Check]
     if unknown:
         raise PolicyError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
     check_id = data.get("check")
-    if check_id not in checks:
+    if not isinstance(check_id, str) or check_id not in checks:
         raise PolicyError(f"{where}: unknown check id {check_id!r}")
     reason = data.get("reason")
     if not isinstance(reason, str) or not reason.strip():
@@ -132,13 +198,14 @@ def _waiver(source: str, index: int, data: Any, checks: Mapping[str, type[Check]
     if isinstance(expires, dt.datetime):
         expires = expires.date()
     if expires is not None and not isinstance(expires, dt.date):
-        raise PolicyError(f"{where}: expires must be a date")
+        raise PolicyError(f"{where}: expires must be a date (YYYY-MM-DD), got {expires!r}")
     for key in ("host", "subject"):
-        if not isinstance(data.get(key, "*"), str):
-            raise PolicyError(f"{where}: {key} must be a string")
+        pattern = data.get(key, "*")
+        if not isinstance(pattern, str) or not pattern:
+            raise PolicyError(f"{where}: {key} must be a non-empty string (a glob)")
     return Waiver(
-        check=str(check_id),
-        reason=reason.strip(),
+        check=check_id,
+        reason=" ".join(reason.split()),
         host=str(data.get("host", "*")),
         subject=str(data.get("subject", "*")),
         expires=expires,
@@ -162,12 +229,14 @@ def load_policy(
         except OSError as exc:
             raise PolicyError(f"{path}: cannot read policy file ({exc.strerror})") from exc
         except tomllib.TOMLDecodeError as exc:
-            raise PolicyError(f"{path}: not valid TOML ({exc})") from exc
+            raise PolicyError(f"{path}: not valid TOML ({' '.join(str(exc).split())})") from exc
+        except UnicodeDecodeError as exc:
+            raise PolicyError(f"{path}: not valid TOML (not UTF-8 text)") from exc
         unknown = set(data) - {"profile", "checks", "waivers"}
         if unknown:
             raise PolicyError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}")
     name = profile or data.get("profile") or DEFAULT_PROFILE
-    if name not in PROFILES:
+    if not isinstance(name, str) or name not in PROFILES:
         raise PolicyError(f"unknown profile {name!r} (profiles: {', '.join(PROFILES)})")
     options: dict[str, dict[str, Any]] = {}
     for check_id, values in PROFILES[name].items():

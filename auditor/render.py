@@ -13,7 +13,7 @@ import jinja2
 
 from auditor.model import CheckResult, FailOn, Finding, Report, Status
 
-FORMATS = ("text", "json", "markdown", "html", "junit")
+FORMATS = ("text", "json", "markdown", "html", "junit", "prometheus")
 _TEMPLATES = {
     "text": "report.txt.j2",
     "markdown": "report.md.j2",
@@ -159,6 +159,10 @@ def render_reports(
             "summary": _fleet_summary(reports),
         }
         return json.dumps(body, indent=2, ensure_ascii=False) + "\n"
+    if fmt == "prometheus":
+        from auditor.prom import render_prometheus
+
+        return render_prometheus(reports)
     kind: Kind = {"html": "html", "junit": "xml"}.get(fmt, "text")  # type: ignore[assignment]
     env = make_environment(kind, colour=colour and fmt == "text")
     template = env.get_template(_TEMPLATES[fmt])

@@ -1,0 +1,321 @@
+"""Collect the files checks read as a tar sysroot: locally, or on a remote host in one command.
+
+The checks declare every path they read as shell patterns (``Check.reads``).
+The collector fetches exactly the paths those patterns match and writes them
+as a tar sysroot that :class:`auditor.hosts.archive.ArchiveHost` reads the way
+the live host reads (see :mod:`auditor.collector_script` for what is kept).
+
+The same collector runs three ways:
+
+- here, as a function (:func:`collect_tar`, :func:`write_tar`);
+- on a remote host's own ``python3``, sent inside one shell command
+  (:func:`remote_command`), nothing installed there;
+- where the remote host has no ``python3``, as a POSIX ``sh`` script using
+  ``readlink``, ``head``, ``od`` and ``ls`` (no ``tar``: tar trusts
+  ``st_size``, which is 4096 for every sysfs file). It writes a framed stream
+  that :func:`parse_output` turns into the same tar.
+
+The remote command prints one line saying what it did (``sudo`` used, denied
+or off), then the collector's own line (``python uid=0``), then the payload.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import shlex
+import tarfile
+import zlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, BinaryIO
+
+from auditor import collector_script
+from auditor.errors import AuditorError
+
+if TYPE_CHECKING:
+    from auditor.check import Check
+
+FILE_CAP = collector_script.FILE_CAP
+
+#: Files every collection takes: the host's name and the facts a report shows.
+BASE_READS: tuple[str, ...] = (
+    "/etc/hostname",
+    "/proc/sys/kernel/hostname",
+    "/proc/sys/kernel/osrelease",
+    "/etc/os-release",
+    "/etc/machine-id",
+)
+
+_MAGIC = b"audit-collect 1 "
+
+
+class CollectError(AuditorError):
+    """A remote collection answered with something that is not a collection."""
+
+
+def patterns_for(checks: Iterable[type[Check]], base: bool = True) -> list[str]:
+    """Return the union of the checks' read patterns (and the base reads), each once."""
+    patterns: dict[str, None] = {}
+    for cls in checks:
+        for pattern in cls.reads:
+            patterns.setdefault(pattern, None)
+    if base:
+        for pattern in BASE_READS:
+            patterns.setdefault(pattern, None)
+    return list(patterns)
+
+
+def write_tar(out: BinaryIO, patterns: Sequence[str], *, compress: bool = False,
+              cap: int = FILE_CAP) -> None:
+    """Write a tar (gzip if ``compress``) of every path the patterns match on this machine."""
+    collector_script.collect_to(out, list(patterns), compress=compress, cap=cap)
+
+
+def collect_tar(patterns: Sequence[str], *, compress: bool = False, cap: int = FILE_CAP) -> bytes:
+    """Return a tar (gzip if ``compress``) of every path the patterns match on this machine."""
+    buffer = io.BytesIO()
+    write_tar(buffer, patterns, compress=compress, cap=cap)
+    return buffer.getvalue()
+
+
+# -- the remote command ---------------------------------------------------------------
+
+# The POSIX sh collector, for hosts without python3. Records are NUL-separated
+# (no path holds a NUL): "D<path>", "L<path>" "<target>", "C<path>" / "B<path>"
+# "<major> <minor>", "F<path>" "<od hex dump>" "<exit status of the read>".
+# fd 4 is the real stdout, so a read's exit status can travel back through $(...).
+SH_COLLECTOR = r"""
+set -f
+cap=1048576
+exec 4>&1
+denied() {
+    case $1 in
+        /proc/*/environ|/proc/*/mem|/proc/*/cmdline|/proc/kcore|/proc/kmsg) return 0 ;;
+        /dev/mem|/dev/kmem|/dev/port|/etc/shadow*|/etc/gshadow*|/etc/ssh/*key*) return 0 ;;
+        */.ssh/*|*.key|*.pem) return 0 ;;
+    esac
+    return 1
+}
+emit_file() {
+    [ -r "$1" ] || return 0
+    printf 'F%s\0' "$1"
+    rc=$( { { head -c "$cap" "$1" 2>/dev/null; echo "$?" >&3; } | od -An -v -tx1 >&4; } 3>&1 )
+    printf '\0%s\0' "$rc"
+}
+emit_dev() {
+    kind=$1 node=$2
+    IFS=' '
+    set -- $(ls -lnd "$node" 2>/dev/null)
+    IFS=
+    [ -n "$6" ] || return 0
+    printf '%s%s\0%s %s\0' "$kind" "$node" "${5%,}" "$6"
+}
+walk() {
+    rest=$1 cur= hops=0
+    while :; do
+        while :; do case $rest in /*) rest=${rest#/} ;; *) break ;; esac; done
+        [ -n "$rest" ] || return 0
+        case $rest in
+            */*) part=${rest%%/*} rest=${rest#*/} ;;
+            *) part=$rest rest= ;;
+        esac
+        case $part in
+            .) continue ;;
+            ..) cur=${cur%/*}; continue ;;
+        esac
+        cand=$cur/$part
+        if denied "$cand"; then return 0; fi
+        if [ -L "$cand" ]; then
+            target=$(readlink "$cand" && printf x)
+            [ -n "$target" ] || return 0
+            target=${target%x}
+            target=${target%?}
+            printf 'L%s\0%s\0' "$cand" "$target"
+            hops=$((hops + 1))
+            [ "$hops" -le 40 ] || return 0
+            case $target in /*) cur= ;; esac
+            rest=$target/$rest
+            continue
+        fi
+        case $rest in *[!/]*) more=1 ;; *) more= ;; esac
+        if [ -d "$cand" ]; then
+            printf 'D%s\0' "$cand"
+        elif [ -n "$more" ]; then
+            return 0
+        elif [ -f "$cand" ]; then
+            emit_file "$cand"
+        elif [ -c "$cand" ]; then
+            emit_dev C "$cand"
+        elif [ -b "$cand" ]; then
+            emit_dev B "$cand"
+        fi
+        [ -n "$more" ] || return 0
+        cur=$cand
+    done
+}
+printf 'sh uid=%s\n' "$(id -u)"
+[ "$1" != -z ] || shift
+IFS=
+for pattern in "$@"; do
+    set +f
+    set -- $pattern
+    set -f
+    for path in "$@"; do
+        if [ -e "$path" ] || [ -L "$path" ]; then
+            denied "$path" || walk "$path"
+        fi
+    done
+done
+"""
+
+# Chooses sudo and python3 or sh in the same round trip. Arguments: want_sudo,
+# the collector's zlib+base64 source, the sh collector, then the collector's arguments.
+_WRAPPER = """
+want_sudo=$1 source=$2 shcollector=$3
+shift 3
+run= state=off
+if [ "$want_sudo" = 1 ]; then
+    if [ "$(id -u)" = 0 ]; then
+        state=root
+    elif sudo -n true 2>/dev/null; then
+        run='sudo -n' state=used
+    else
+        state=denied
+    fi
+fi
+printf 'audit-collect 1 sudo=%s\\n' "$state"
+boot='import base64,sys,zlib;exec(zlib.decompress(base64.b64decode(sys.argv.pop(1))))'
+python=$(command -v python3 2>/dev/null) || python=
+case $python in
+    /*) exec $run "$python" -I -S -c "$boot" "$source" "$@" ;;
+esac
+exec $run sh -c "$shcollector" sh "$@"
+"""
+
+
+def _collector_source() -> bytes:
+    path = collector_script.__file__
+    with open(path, "rb") as handle:
+        source = handle.read()
+    # Docstrings and comments stay: they cost a few hundred bytes after zlib.
+    return base64.b64encode(zlib.compress(source, 9))
+
+
+def remote_command(patterns: Sequence[str], *, sudo: bool = False, compress: bool = False) -> str:
+    """Return the one shell command that collects ``patterns`` on a remote host."""
+    arguments = [
+        "1" if sudo else "0",
+        _collector_source().decode("ascii"),
+        SH_COLLECTOR,
+        *(["-z"] if compress else []),
+        *patterns,
+    ]
+    return "exec sh -c " + " ".join(shlex.quote(a) for a in [_WRAPPER, "audit-collect", *arguments])
+
+
+@dataclass(frozen=True)
+class Collection:
+    """What a remote collection returned: the tar, and how it was made."""
+
+    tar: bytes
+    method: str  # "python" or "sh"
+    uid: int | None
+    sudo: str  # "off", "root", "used" or "denied"
+
+    @property
+    def root(self) -> bool:
+        """Return whether the collector ran as root."""
+        return self.uid == 0
+
+    @property
+    def privilege_note(self) -> str:
+        """Return why the collection lacks root, or "" when it ran as root."""
+        if self.root:
+            return ""
+        if self.sudo == "denied":
+            return "sudo -n needs a password, so the files were read without root"
+        return "read as a non-root user (use --sudo for root-only files)"
+
+
+def _split_line(data: bytes, start: int, label: str) -> tuple[bytes, int]:
+    end = data.find(b"\n", start, start + 256)
+    if end < 0:
+        raise CollectError(f"{label}: the collector's answer has no header line")
+    return data[start:end], end + 1
+
+
+def parse_output(data: bytes, label: str = "remote") -> Collection:
+    """Turn what the remote command printed into a tar sysroot and its provenance."""
+    if not data.startswith(_MAGIC):
+        snippet = data[:80].decode("utf-8", "replace").strip()
+        raise CollectError(f"{label}: the collector did not start (output: {snippet!r})")
+    head, offset = _split_line(data, 0, label)
+    sudo = head[len(_MAGIC):].decode("ascii", "replace").partition("=")[2] or "off"
+    line, offset = _split_line(data, offset, label)
+    method, _, uid_text = line.decode("ascii", "replace").partition(" uid=")
+    try:
+        uid: int | None = int(uid_text)
+    except ValueError:
+        uid = None
+    payload = data[offset:]
+    if method == "python":
+        tar = payload
+    elif method == "sh":
+        tar = frames_to_tar(payload, label)
+    else:
+        raise CollectError(f"{label}: unknown collector {method!r}")
+    return Collection(tar=tar, method=method, uid=uid, sudo=sudo)
+
+
+def _tar_info(path: str, kind: bytes) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(path.lstrip("/"))
+    info.mode = 0o755 if kind in (b"D", b"L") else 0o644
+    return info
+
+
+def frames_to_tar(payload: bytes, label: str = "remote") -> bytes:
+    """Convert the sh collector's framed records into an uncompressed tar."""
+    fields = payload.split(b"\0")
+    if fields and fields[-1] == b"":
+        fields.pop()
+    buffer = io.BytesIO()
+    seen: set[str] = set()
+    index = 0
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        while index < len(fields):
+            record = fields[index]
+            kind, raw_path = record[:1], record[1:]
+            path = os.fsdecode(raw_path)
+            arity = {b"D": 0, b"L": 1, b"C": 1, b"B": 1, b"F": 2}.get(kind)
+            if arity is None or index + arity >= len(fields):
+                raise CollectError(f"{label}: malformed or truncated record from the sh collector")
+            values = fields[index + 1 : index + 1 + arity]
+            index += 1 + arity
+            if not path.startswith("/") or path in seen:
+                continue
+            info = _tar_info(path, kind)
+            data: bytes | None = None
+            if kind == b"D":
+                info.type = tarfile.DIRTYPE
+            elif kind == b"L":
+                info.type = tarfile.SYMTYPE
+                info.linkname = os.fsdecode(values[0])
+            elif kind in (b"C", b"B"):
+                numbers = values[0].split()
+                if len(numbers) != 2 or not all(n.isdigit() for n in numbers):
+                    continue
+                info.type = tarfile.CHRTYPE if kind == b"C" else tarfile.BLKTYPE
+                info.devmajor, info.devminor = int(numbers[0]), int(numbers[1])
+            else:
+                if values[1].strip() != b"0":
+                    continue  # the read failed: skipped, as the python collector does
+                try:
+                    data = bytes.fromhex(values[0].decode("ascii"))
+                except ValueError as exc:
+                    raise CollectError(f"{label}: bad file data for {path!r}") from exc
+                info.size = len(data)
+            seen.add(path)
+            archive.addfile(info, io.BytesIO(data) if data is not None else None)
+    return buffer.getvalue()

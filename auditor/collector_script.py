@@ -1,0 +1,232 @@
+# ruff: noqa: UP006, UP031, UP035, UP045
+"""Write the files matching shell patterns as a tar sysroot: the collector that runs on targets.
+
+This module is sent as it is to an audited host's own ``python3`` and run there,
+so it imports only the standard library and keeps to syntax and library calls
+that Python 3.6 accepts (RHEL 8 and Ubuntu 18.04 ship 3.6): no ``from
+__future__ import annotations``, typing aliases instead of builtin generics.
+:mod:`auditor.collect` is the interface the rest of the package uses.
+
+What is written (a sysroot that :class:`auditor.hosts.archive.ArchiveHost` reads
+the same way as the live host):
+
+- regular files with the bytes a program reads (``st_size`` is never trusted:
+  sysfs files claim 4096), at most ``FILE_CAP`` bytes each;
+- symlinks as symlinks; a path that goes through a symlinked directory is
+  recorded as the link plus the target's entries at the target's path;
+- directories, and character / block devices with their major and minor;
+- nothing that cannot be read (EACCES and other read errors are skipped), and
+  never a secret: process environments, memory, keys.
+"""
+
+import fnmatch
+import gzip
+import io
+import os
+import stat
+import sys
+import tarfile
+from typing import BinaryIO, List, Optional, Set  # noqa: F401 - Set is used in type comments
+
+#: The most bytes kept of one file.
+FILE_CAP = 1 << 20
+_MAX_LINKS = 40
+
+#: Paths never collected, whatever a pattern asks for (matched on the path as
+#: named and on the path it resolves to).
+DENIED = (
+    "/proc/*/environ",
+    "/proc/*/task/*/environ",
+    "/proc/*/mem",
+    "/proc/*/task/*/mem",
+    "/proc/*/cmdline",
+    "/proc/*/task/*/cmdline",
+    "/proc/kcore",
+    "/proc/kmsg",
+    "/dev/mem",
+    "/dev/kmem",
+    "/dev/port",
+    "/etc/shadow*",
+    "/etc/gshadow*",
+    "/etc/ssh/*key*",
+    "*/.ssh/*",
+    "*.key",
+    "*.pem",
+)
+
+
+def denied(path: str) -> bool:
+    """Return whether a path is one that is never collected."""
+    return any(fnmatch.fnmatchcase(path, pattern) for pattern in DENIED)
+
+
+def _has_magic(part: str) -> bool:
+    return any(c in part for c in "*?[")
+
+
+def _join(base: str, name: str) -> str:
+    return base.rstrip("/") + "/" + name
+
+
+def expand(pattern: str) -> List[str]:
+    """Return the paths matching an absolute shell pattern, as the Host seam's glob does."""
+    parts = [p for p in pattern.split("/") if p and p != "."]
+    found = ["/"]
+    for index, part in enumerate(parts):
+        last = index == len(parts) - 1
+        following = []  # type: List[str]
+        for base in found:
+            if _has_magic(part):
+                try:
+                    names = os.listdir(base)
+                except OSError:
+                    continue
+                matches = [n for n in names if fnmatch.fnmatchcase(n, part)]
+                if not part.startswith("."):
+                    matches = [n for n in matches if not n.startswith(".")]
+                following.extend(_join(base, n) for n in sorted(matches))
+            else:
+                candidate = _join(base, part)
+                if last or os.path.isdir(candidate):
+                    following.append(candidate)
+        found = following
+    return [p for p in found if os.path.lexists(p)]
+
+
+class Collector:
+    """Write entries into a tar stream, each path once, parents before children."""
+
+    def __init__(self, out: BinaryIO, cap: int = FILE_CAP) -> None:
+        self.cap = cap
+        self.tar = tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT)
+        self.seen = set()  # type: Set[str]
+
+    def close(self) -> None:
+        """Finish the tar stream (the caller closes the file object)."""
+        self.tar.close()
+
+    def _info(self, path: str, st: os.stat_result) -> tarfile.TarInfo:
+        info = tarfile.TarInfo(path.lstrip("/"))
+        info.mode = stat.S_IMODE(st.st_mode)
+        info.mtime = int(st.st_mtime)
+        info.uid, info.gid = st.st_uid, st.st_gid
+        return info
+
+    def _add(self, path: str, st: os.stat_result, link: Optional[str] = None) -> None:
+        if path in self.seen or path == "/":
+            return
+        mode = st.st_mode
+        info = self._info(path, st)
+        data = None  # type: Optional[bytes]
+        if link is not None:
+            info.type = tarfile.SYMTYPE
+            info.linkname = link
+        elif stat.S_ISDIR(mode):
+            info.type = tarfile.DIRTYPE
+        elif stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+            info.type = tarfile.CHRTYPE if stat.S_ISCHR(mode) else tarfile.BLKTYPE
+            info.devmajor = os.major(st.st_rdev)
+            info.devminor = os.minor(st.st_rdev)
+        elif stat.S_ISREG(mode):
+            data = self._read(path)
+            if data is None:
+                return
+            info.size = len(data)
+        else:
+            return  # FIFOs and sockets: reading could block, and no check reads them
+        self.seen.add(path)
+        self.tar.addfile(info, io.BytesIO(data) if data is not None else None)
+
+    def _read(self, path: str) -> Optional[bytes]:
+        # Read until EOF or the cap: sysfs sizes are not real sizes, and a /proc
+        # seq file may answer one read() with part of its text.
+        chunks = []  # type: List[bytes]
+        size = 0
+        try:
+            with open(path, "rb", buffering=0) as handle:
+                while size < self.cap:
+                    chunk = handle.read(self.cap - size)
+                    if not chunk:
+                        break
+                    chunks.append(chunk)
+                    size += len(chunk)
+        except OSError:
+            return None  # unreadable (EACCES, EIO on a write-only attribute): skip it
+        return b"".join(chunks)
+
+    def add_path(self, path: str) -> None:
+        """Record ``path``: every symlink and directory on the way, then what it names."""
+        pending = [p for p in path.split("/") if p]
+        resolved = ""
+        hops = 0
+        while pending:
+            part = pending.pop(0)
+            if part == ".":
+                continue
+            if part == "..":
+                resolved = resolved.rsplit("/", 1)[0]
+                continue
+            candidate = resolved + "/" + part
+            if denied(candidate):
+                return
+            try:
+                st = os.lstat(candidate)
+            except OSError:
+                return
+            if stat.S_ISLNK(st.st_mode):
+                try:
+                    target = os.readlink(candidate)
+                except OSError:
+                    return
+                self._add(candidate, st, link=target)
+                hops += 1
+                if hops > _MAX_LINKS:
+                    return
+                if target.startswith("/"):
+                    resolved = ""
+                pending = [p for p in target.split("/") if p] + pending
+                continue
+            if pending and not stat.S_ISDIR(st.st_mode):
+                return
+            self._add(candidate, st)
+            resolved = candidate
+
+    def add_pattern(self, pattern: str) -> None:
+        """Record every path matching a pattern."""
+        for path in expand(pattern):
+            if not denied(path):
+                self.add_path(path)
+
+
+def collect_to(out: BinaryIO, patterns: List[str], compress: bool = False,
+               cap: int = FILE_CAP) -> None:
+    """Write the tar (gzip-compressed if asked) of every path the patterns match to ``out``."""
+    stream = out
+    gz = None
+    if compress:
+        gz = gzip.GzipFile(fileobj=out, mode="wb", compresslevel=1, mtime=0)
+        stream = gz  # type: ignore[assignment]
+    collector = Collector(stream, cap)
+    try:
+        for pattern in patterns:
+            collector.add_pattern(pattern)
+    finally:
+        collector.close()
+        if gz is not None:
+            gz.close()
+
+
+def main(argv: List[str]) -> int:
+    """Collect the patterns in ``argv`` (``-z`` first to gzip) as a tar on stdout."""
+    compress = bool(argv) and argv[0] == "-z"
+    if compress:
+        argv = argv[1:]
+    out = sys.stdout.buffer
+    out.write(("python uid=%d\n" % os.geteuid()).encode("ascii"))
+    collect_to(out, argv, compress=compress)
+    out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

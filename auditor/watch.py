@@ -1,0 +1,235 @@
+"""``audit watch``: re-run the checks a device event can change, and print what changed.
+
+A PCI event (hot-plug, driver bind, ``udevadm trigger``) can change a device's
+MaxReadReq; an NVIDIA module or device node event can change the driver version and
+the character device majors containers are allowed. The watch listens on the udev
+netlink socket (pyudev), batches a burst of events, re-runs only the affected checks
+on the live host and prints one line per finding that changed since the previous run.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from auditor.check import Check
+from auditor.errors import UsageError
+from auditor.hosts.base import Host
+from auditor.model import Finding
+from auditor.policy import Policy
+
+PCI_CHECKS = frozenset({"pcie.mrrs"})
+NVIDIA_CHECKS = frozenset({"lxc.device_majors", "kernel.version"})
+#: Every check id a device event can call for.
+WATCHED = PCI_CHECKS | NVIDIA_CHECKS
+NVIDIA_PCI_VENDOR = "0x10de"
+#: How long to wait for the rest of a burst (``udevadm trigger`` sends one per device).
+BATCH_WINDOW_S = 0.25
+
+
+@dataclass(frozen=True)
+class DeviceEvent:
+    """The parts of a uevent the watch looks at."""
+
+    action: str
+    subsystem: str
+    name: str
+    driver: str = ""
+    vendor: str = ""
+    node: str = ""
+
+    def describe(self) -> str:
+        """Return ``action subsystem name``."""
+        return f"{self.action} {self.subsystem} {self.name}"
+
+
+def affected_checks(event: DeviceEvent) -> frozenset[str]:
+    """Return the check ids an event can change the findings of."""
+    nvidia = (
+        event.name.startswith("nvidia")
+        or event.subsystem.startswith("nvidia")
+        or event.node.startswith("/dev/nvidia")
+        or event.driver.startswith("nvidia")
+    )
+    if event.subsystem == "pci":
+        # An NVIDIA GPU bound or unbound loads or drops the driver's device nodes too.
+        if nvidia or (event.vendor == NVIDIA_PCI_VENDOR and event.action in ("bind", "unbind")):
+            return PCI_CHECKS | NVIDIA_CHECKS
+        return PCI_CHECKS
+    if event.subsystem == "module":
+        return NVIDIA_CHECKS if event.name.startswith("nvidia") else frozenset()
+    return NVIDIA_CHECKS - {"kernel.version"} if nvidia else frozenset()
+
+
+def _from_pyudev(device: Any) -> DeviceEvent:
+    def attr(name: str) -> str:
+        try:
+            value = device.attributes.get(name)
+        except (KeyError, OSError, AttributeError):
+            return ""
+        return value.decode("ascii", "replace").strip() if isinstance(value, bytes) else ""
+
+    subsystem = str(device.subsystem or "")
+    return DeviceEvent(
+        action=str(device.action or ""),
+        subsystem=subsystem,
+        name=str(device.sys_name or ""),
+        driver=str(device.driver or ""),
+        vendor=attr("vendor") if subsystem == "pci" else "",
+        node=str(device.device_node or ""),
+    )
+
+
+def _state(findings: Sequence[Finding]) -> dict[tuple[str, str], Finding]:
+    return {(f.check, f.subject): f for f in findings}
+
+
+def changes(before: Sequence[Finding], after: Sequence[Finding]) -> list[str]:
+    """Return one line per finding that appeared, went away, or changed status or value."""
+    old, new = _state(before), _state(after)
+    lines: list[str] = []
+    for key in sorted(old.keys() | new.keys()):
+        was, now = old.get(key), new.get(key)
+        check, subject = key
+        if was is None and now is not None:
+            lines.append(f"{check} {subject}: new {now.status.value} (observed {now.observed!r})"
+                         f": {now.message}")
+        elif now is None and was is not None:
+            lines.append(f"{check} {subject}: gone (was {was.status.value})")
+        elif was is not None and now is not None and (
+            was.status != now.status or was.observed != now.observed
+        ):
+            parts = []
+            if was.status != now.status:
+                parts.append(f"{was.status.value} -> {now.status.value}")
+            if was.observed != now.observed:
+                parts.append(f"observed {was.observed!r} -> {now.observed!r}")
+            lines.append(f"{check} {subject}: {', '.join(parts)}: {now.message}")
+    return [" ".join(line.split()) for line in lines]
+
+
+class Watcher:
+    """Keep the last findings of each watched check and re-run them on demand."""
+
+    def __init__(self, host: Host, checks: Sequence[type[Check]], policy: Policy,
+                 debug: bool = False) -> None:
+        self.host = host
+        self.checks = {c.id: c for c in checks}
+        self.policy = policy
+        self.debug = debug
+        self.last: dict[str, tuple[Finding, ...]] = {}
+
+    def run(self, check_ids: Sequence[str]) -> list[str]:
+        """Re-run these checks; return the lines describing what changed."""
+        from auditor.runner import run_check
+
+        lines: list[str] = []
+        for check_id in sorted(check_ids):
+            result = run_check(self.host, self.checks[check_id], self.policy, self.debug)
+            previous = self.last.get(check_id)
+            self.last[check_id] = result.findings
+            if previous is not None:
+                lines.extend(changes(previous, result.findings))
+        return lines
+
+
+def _stamp() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def watch(
+    checks: Sequence[type[Check]],
+    policy: Policy,
+    *,
+    count: int | None = None,
+    timeout: float | None = None,
+    source: str = "auto",
+    debug: bool = False,
+    out: TextIO | None = None,
+    log: TextIO | None = None,
+    ready: Callable[[], None] | None = None,
+) -> int:
+    """Watch device events on this host until Ctrl-C, ``count`` events or ``timeout`` s.
+
+    Changes go to ``out`` (stdout), one line each; what the watch does goes to ``log``
+    (stderr). Return the number of relevant events seen.
+    """
+    import pyudev
+
+    from auditor.hosts import LocalHost
+
+    out = out or sys.stdout
+    log = log or sys.stderr
+
+    def say(stream: TextIO, line: str) -> None:
+        stream.write(line + "\n")
+        stream.flush()
+
+    if source == "auto":
+        # Without udevd nothing is re-broadcast on the udev group: listen to the kernel.
+        source = "udev" if os.path.exists("/run/udev/control") else "kernel"
+    try:
+        context = pyudev.Context()
+        monitor = pyudev.Monitor.from_netlink(context, source=source)
+        monitor.start()
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot listen for device events ({exc})") from exc
+    host = LocalHost()
+    watcher = Watcher(host, checks, policy, debug)
+    watcher.run([c.id for c in checks])
+    baseline = sum(len(f) for f in watcher.last.values())
+    say(log, f"audit watch: {host.name}: watching {', '.join(sorted(watcher.checks))} "
+             f"({baseline} findings) on {source} events")
+    if ready is not None:
+        ready()
+    deadline = time.monotonic() + timeout if timeout is not None else None
+    seen = 0
+
+    def remaining() -> float | None:
+        return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+    try:
+        while count is None or seen < count:
+            left = remaining()
+            if left == 0.0:
+                break
+            device = monitor.poll(timeout=left)
+            if device is None:
+                continue
+            first = _from_pyudev(device)
+            wanted = affected_checks(first) & watcher.checks.keys()
+            if not wanted:
+                continue
+            batch = [first]
+            seen += 1
+            # Drain the rest of a burst so one trigger re-runs each check once.
+            while count is None or seen < count:
+                window = BATCH_WINDOW_S if deadline is None else min(BATCH_WINDOW_S,
+                                                                     remaining() or 0.0)
+                more = monitor.poll(timeout=window) if window > 0 else None
+                if more is None:
+                    break
+                event = _from_pyudev(more)
+                extra = affected_checks(event) & watcher.checks.keys()
+                if extra:
+                    batch.append(event)
+                    wanted |= extra
+                    seen += 1
+            shown = ", ".join(e.describe() for e in batch[:3])
+            if len(batch) > 3:
+                shown += f", ... ({len(batch) - 3} more)"
+            lines = watcher.run(sorted(wanted))
+            say(log, f"audit watch: {len(batch)} event{'s' if len(batch) != 1 else ''} "
+                     f"({shown}): re-ran {', '.join(sorted(wanted))}: "
+                     f"{len(lines) or 'no'} change{'s' if len(lines) != 1 else ''}")
+            for line in lines:
+                say(out, f"{_stamp()} {host.name} {line}")
+    except KeyboardInterrupt:
+        pass
+    say(log, f"audit watch: stopped after {seen} event{'s' if seen != 1 else ''}")
+    return seen

@@ -1,0 +1,359 @@
+"""``audit host`` end to end against real sshd instances: reports, fleets, faults, inventories."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from auditor.cli import main
+from auditor.cli_host import render_fleet
+from auditor.hosts.ssh import SshTarget
+from auditor.inventory import expand_range, load_inventory, parse_ini, parse_yaml
+from auditor.model import CheckResult, Report, Status
+from tests.auditor.conftest import SshEnv
+from tests.conftest import make_finding
+from tests.sshd import SilentListener, Sshd, netns, netns_available
+
+ssh = pytest.mark.ssh
+
+
+def run_audit(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def findings_without_host(document: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in f.items() if k != "host"} for f in document["findings"]]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def fleet(ssh_env: SshEnv) -> Iterator[list[Sshd]]:
+    """Three more sshd instances on loopback ports, with their keys in the lab's known_hosts."""
+    servers = [ssh_env.lab.start() for _ in range(3)]
+    ssh_env.lab.known_hosts(ssh_env.known_hosts, [ssh_env.server, *servers])
+    yield servers
+    for server in servers:
+        server.stop()
+
+
+@ssh
+def test_replay_equals_audit_local(ssh_env: SshEnv, capsys: pytest.CaptureFixture[str]) -> None:
+    """Over SSH (root through sudo) the findings are those of ``audit local`` here."""
+    code, out, _ = run_audit(capsys, "host", ssh_env.server.target, *ssh_env.cli_args(),
+                             "--sudo", "--format", "json")
+    local_code, local_out, _ = run_audit(capsys, "local", "--format", "json")
+    remote, local = json.loads(out), json.loads(local_out)
+    assert code == local_code
+    assert remote["target"] == f"ssh://ha-sudo@127.0.0.1:{ssh_env.server.port}"
+    assert findings_without_host(remote) == findings_without_host(local)
+    assert [c["check"] for c in remote["checks"]] == [c["check"] for c in local["checks"]]
+    assert {k: v for k, v in remote["facts"].items()} == local["facts"]
+
+
+@ssh
+def test_host_without_python_gives_the_same_findings(
+    ssh_env: SshEnv, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, python_out, _ = run_audit(capsys, "host", ssh_env.server.target,
+                                 *ssh_env.cli_args("ha-nosudo"), "--format", "json")
+    _, sh_out, _ = run_audit(capsys, "host", ssh_env.server.target,
+                             *ssh_env.cli_args("ha-nopy"), "--format", "json")
+    assert findings_without_host(json.loads(sh_out)) == findings_without_host(
+        json.loads(python_out))
+
+
+@ssh
+def test_sudo_without_password_is_noted_in_the_report(
+    ssh_env: SshEnv, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run_audit(capsys, "host", ssh_env.server.target,
+                               *ssh_env.cli_args("ha-nosudo"), "--sudo", "--format", "json")
+    assert code in (0, 1) and err == ""
+    assert "sudo -n needs a password" in json.loads(out)["facts"]["privilege"]
+
+
+@ssh
+def test_fleet_with_unreachable_hosts(
+    ssh_env: SshEnv, fleet: list[Sshd], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Dead hosts get one line each and exit 3; every live host is still audited."""
+    dead = f"127.0.0.1:{free_port()}"
+    silent = SilentListener()
+    try:
+        targets = [s.target for s in fleet] + [dead, f"127.0.0.1:{silent.port}"]
+        code, out, err = run_audit(capsys, "host", *targets, *ssh_env.cli_args(),
+                                   "--timeout", "1.5", "--format", "json")
+    finally:
+        silent.close()
+    document = json.loads(out)
+    assert code == 3
+    assert document["summary"]["hosts"] == 5 and document["summary"]["unreachable"] == 2
+    by_target = {h["target"].rsplit("@", 1)[1]: h for h in document["hosts"]}
+    for server in fleet:
+        assert "error" not in by_target[server.target]
+        assert by_target[server.target]["findings"]
+    assert "refused" in by_target[dead]["error"]
+    assert "timed out" in by_target[f"127.0.0.1:{silent.port}"]["error"]
+    lines = err.strip().splitlines()
+    assert len(lines) == 2
+    assert any(dead in line and "refused" in line for line in lines)
+
+
+@ssh
+def test_fleet_text_has_a_hosts_by_checks_table(
+    ssh_env: SshEnv, fleet: list[Sshd], capsys: pytest.CaptureFixture[str]
+) -> None:
+    dead = f"127.0.0.1:{free_port()}"
+    code, out, _ = run_audit(capsys, "host", fleet[0].target, fleet[1].target, dead,
+                             *ssh_env.cli_args())
+    assert code == 3
+    table = out[out.index("Fleet: 3 hosts"):]
+    assert "numa.balancing" in table.splitlines()[2]
+    rows = table.splitlines()[3:]
+    assert sum(1 for row in rows if f"ssh://ha-sudo@{dead}" in row and "unreachable" in row) == 1
+    assert sum(1 for row in rows if fleet[0].target in row) == 1
+
+
+@ssh
+def test_inventory_ini_reaches_hosts_by_ansible_vars(
+    ssh_env: SshEnv, fleet: list[Sshd], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    inventory = tmp_path / "hosts.ini"
+    inventory.write_text(
+        "# GPU fleet\n[gpu]\n"
+        f"gpu-a ansible_host=127.0.0.1 ansible_port={fleet[0].port}\n"
+        f"gpu-b ansible_host=127.0.0.1 ansible_port={fleet[1].port} ansible_user=ha-nosudo\n"
+        "[gpu:vars]\nansible_user=ha-sudo\n"
+    )
+    code, out, err = run_audit(capsys, "host", "-i", str(inventory), "--identity",
+                               str(ssh_env.lab.client_key), "--known-hosts",
+                               str(ssh_env.known_hosts), "--format", "json")
+    document = json.loads(out)
+    assert err == "" and code in (0, 1)
+    assert sorted(h["target"] for h in document["hosts"]) == sorted([
+        f"ssh://ha-sudo@127.0.0.1:{fleet[0].port}",
+        f"ssh://ha-nosudo@127.0.0.1:{fleet[1].port}",
+    ])
+
+
+@ssh
+def test_host_keys_from_home_known_hosts(
+    ssh_env: SshEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Unknown key: refused; --accept-new-host-keys records it; a changed key: refused."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    base = ["host", ssh_env.server.target, "--user", "ha-sudo", "--identity",
+            str(ssh_env.lab.client_key)]
+    code, out, err = run_audit(capsys, *base)
+    assert code == 3 and "not in known_hosts" in err and err.count("\n") == 1
+    code, _, err = run_audit(capsys, *base, "--accept-new-host-keys")
+    assert code in (0, 1) and err == ""
+    known = tmp_path / ".ssh" / "known_hosts"
+    assert known.read_text() == ssh_env.server.known_hosts_line
+    code, _, err = run_audit(capsys, *base)
+    assert code in (0, 1) and err == ""
+    other = ssh_env.lab.root / "other_host_key"
+    if not other.exists():
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)],
+                       check=True)
+    changed = ssh_env.lab.start(host_key=other)
+    try:
+        key = ssh_env.server.known_hosts_line.split(" ", 1)[1]
+        known.write_text(f"[127.0.0.1]:{changed.port} {key}")
+        code, _, err = run_audit(capsys, "host", changed.target, *base[2:],
+                                 "--accept-new-host-keys")
+    finally:
+        changed.stop()
+    assert code == 3 and "CHANGED" in err
+    assert known.read_text() == f"[127.0.0.1]:{changed.port} {key}"
+
+
+@ssh
+@pytest.mark.netns
+def test_namespace_hosts_dead_and_alive(
+    ssh_env: SshEnv, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In a namespace: a live sshd is audited while a silent address and a closed port fail."""
+    if not netns_available():
+        pytest.skip("network namespaces are not available (needs root and iproute2)")
+    with netns(202) as ns:
+        server = ssh_env.lab.start(address=ns.address, port=2222, netns=ns.name)
+        known = ssh_env.known_hosts.parent / "known_hosts_ns"
+        ssh_env.lab.known_hosts(known, [server])
+        try:
+            silent = f"10.200.{ns.index}.3:22"  # nobody answers ARP: packets go nowhere
+            closed = f"{ns.address}:2223"
+            code, out, err = run_audit(
+                capsys, "host", server.target, silent, closed, "--user", "ha-sudo",
+                "--identity", str(ssh_env.lab.client_key), "--known-hosts", str(known),
+                "--timeout", "1", "--format", "json")
+        finally:
+            server.stop()
+    document = json.loads(out)
+    assert code == 3
+    errors = {h["target"].rsplit("@", 1)[1]: h.get("error", "") for h in document["hosts"]}
+    assert errors[server.target] == ""
+    assert "refused" in errors[closed]
+    assert "timed out" in errors[silent] or "unreachable" in errors[silent]
+    assert len(err.strip().splitlines()) == 2
+
+
+@ssh
+def test_ctrl_c_stops_with_what_was_finished(ssh_env: SshEnv) -> None:
+    silent = SilentListener()
+    command = [str(Path(sys.executable).parent / "audit"), "host", ssh_env.server.target,
+               f"127.0.0.1:{silent.port}", *ssh_env.cli_args(), "--timeout", "30"]
+    try:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True)
+        time.sleep(4)
+        started = time.monotonic()
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=15)
+    finally:
+        silent.close()
+    assert time.monotonic() - started < 5
+    assert process.returncode == 130
+    assert "interrupted: 1 of 2 hosts audited" in err
+    assert "numa.balancing" in out
+
+
+@pytest.mark.parametrize("args", [
+    ["host"],
+    ["host", "not a host"],
+    ["host", "-i", "/nonexistent/inventory"],
+    ["host", "gpu-01", "--check", "no.such"],
+])
+def test_usage_errors_exit_2(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_audit(capsys, *args)
+    assert code == 2 and err.startswith("audit: error:")
+
+
+def test_audit_local_does_not_import_ssh_libraries() -> None:
+    probe = ("import sys, auditor.cli; "
+             "bad = [m for m in ('fabric', 'paramiko', 'invoke', 'rich') if m in sys.modules]; "
+             "print(*bad); sys.exit(1 if bad else 0)")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_fleet_table_lists_every_host_and_check() -> None:
+    ok = Report("gpu-01", "ssh://root@gpu-01:22", "", 0.1, (
+        CheckResult("numa.balancing", 0.0, (make_finding(status=Status.FAIL),)),
+        CheckResult("cpu.governor", 0.0, (make_finding(check="cpu.governor",
+                                                       status=Status.PASS),)),
+    ))
+    down = Report("gpu-02", "ssh://root@gpu-02:22", "", 0.1, (),
+                  error="gpu-02: connection timed out after 10 s")
+    text = render_fleet([ok, down])
+    lines = text.splitlines()
+    assert lines[0].startswith("Fleet: 2 hosts") and "1 unreachable" in lines[0]
+    header = next(line for line in lines if "HOST" in line)
+    assert header.split()[2:] == ["numa.balancing", "cpu.governor"]
+    assert next(line for line in lines if "gpu-01" in line).split()[2:] == ["fail", "pass"]
+    assert "unreachable: gpu-02: connection timed out" in text
+    assert not [line for line in lines if line != line.rstrip()]
+
+
+# -- inventories ------------------------------------------------------------------------
+
+
+def test_plain_inventory(tmp_path: Path) -> None:
+    path = tmp_path / "hosts"
+    path.write_text("# comment\ngpu-01\nops@gpu-02:2222  # inline\n\n[fd00::7]:22\n")
+    assert load_inventory(str(path)) == [
+        SshTarget("gpu-01", None, None, "gpu-01"),
+        SshTarget("gpu-02", "ops", 2222, "ops@gpu-02:2222"),
+        SshTarget("fd00::7", None, 22, "[fd00::7]:22"),
+    ]
+
+
+def test_ansible_ini_inventory_groups_vars_children_and_ranges() -> None:
+    text = """
+[all:vars]
+ansible_user=admin
+
+[gpu]
+gpu[01:03].dc ansible_port=2200
+lone ansible_host=10.0.0.9 ansible_user=root ansible_port=2022
+
+[cpu]
+cpu-a
+
+[infer:children]
+gpu
+cpu
+
+[cpu:vars]
+ansible_port=2300
+"""
+    targets = {t.label: t for t in parse_ini(text)}
+    assert sorted(targets) == ["cpu-a", "gpu01.dc", "gpu02.dc", "gpu03.dc", "lone"]
+    assert targets["gpu02.dc"] == SshTarget("gpu02.dc", "admin", 2200, "gpu02.dc")
+    assert targets["lone"] == SshTarget("10.0.0.9", "root", 2022, "lone")
+    assert targets["cpu-a"] == SshTarget("cpu-a", "admin", 2300, "cpu-a")
+
+
+def test_ansible_yaml_inventory() -> None:
+    text = """---
+all:
+  vars:
+    ansible_user: admin
+  hosts:
+    edge-1:
+  children:
+    gpu:
+      hosts:
+        gpu-a:
+          ansible_host: 10.1.0.1
+          ansible_port: "2201"
+        gpu-[b:c]:
+      vars:
+        ansible_user: 'ops'   # group wins over all
+"""
+    targets = {t.label: t for t in parse_yaml(text)}
+    assert targets["edge-1"] == SshTarget("edge-1", "admin", None, "edge-1")
+    assert targets["gpu-a"] == SshTarget("10.1.0.1", "ops", 2201, "gpu-a")
+    assert targets["gpu-c"] == SshTarget("gpu-c", "ops", None, "gpu-c")
+
+
+def test_yaml_inventory_is_detected_without_extension(tmp_path: Path) -> None:
+    path = tmp_path / "inventory"
+    path.write_text("all:\n  hosts:\n    a:\n    b:\n")
+    assert [t.host for t in load_inventory(str(path))] == ["a", "b"]
+
+
+def test_expand_range_keeps_zero_padding() -> None:
+    assert expand_range("n[08:10]") == ["n08", "n09", "n10"]
+    assert expand_range("r[a:b]n[1:2]") == ["ran1", "ran2", "rbn1", "rbn2"]
+
+
+def test_inventory_garbage_is_a_usage_error(tmp_path: Path) -> None:
+    from auditor.errors import UsageError
+
+    path = tmp_path / "bad.ini"
+    path.write_text("[gpu]\nhost ansible_port=twenty\n")
+    with pytest.raises(UsageError, match="ansible_port"):
+        load_inventory(str(path))
+    path.write_text("# nothing\n")
+    with pytest.raises(UsageError, match="names no hosts"):
+        load_inventory(str(path))
+    os.chmod(path, 0o000)

@@ -1,0 +1,311 @@
+"""Profiles, policy files and waivers: unit tests of the loader, and the CLI end to end."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import subprocess
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from auditor.check import Check
+from auditor.cli import main
+from auditor.errors import PolicyError
+from auditor.hosts.base import Host
+from auditor.model import Finding, Severity, Status
+from auditor.policy import DEFAULT_PROFILE, PROFILES, Policy, Waiver, load_policy
+from auditor.registry import load_checks
+from tests.conftest import Sysroot, make_finding
+
+
+class Thresholds(Check):
+    """A check with one option of each type a policy file can set."""
+
+    id: ClassVar[str] = "test.thresholds"
+    severity: ClassVar[Severity] = Severity.LOW
+    reads: ClassVar[tuple[str, ...]] = ("/proc/version",)
+    rationale: ClassVar[str] = "unit tests"
+    remedy: ClassVar[str] = "none"
+    defaults: ClassVar[Mapping[str, Any]] = {
+        "limit_us": 10,
+        "ratio": 0.5,
+        "name": "performance",
+        "strict": True,
+        "allowed": ("performance",),
+    }
+
+    def evaluate(self, host: Host) -> Iterable[Finding]:
+        yield self.passed("kernel", "ok")
+
+
+CHECKS: list[type[Check]] = [Thresholds, *load_checks()]
+
+
+def write_policy(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "policy.toml"
+    path.write_text(text)
+    return str(path)
+
+
+# -- profiles --------------------------------------------------------------------------
+
+
+def test_default_profile_is_gpu_inference() -> None:
+    assert load_policy(CHECKS).profile == DEFAULT_PROFILE == "gpu-inference"
+
+
+def test_profiles_differ_where_they_say_they_do() -> None:
+    latency, throughput = PROFILES["latency"], PROFILES["throughput"]
+    lat = latency["cpu.cstates"]["max_exit_latency_us"]
+    thr = throughput["cpu.cstates"]["max_exit_latency_us"]
+    default = PROFILES["gpu-inference"]["cpu.cstates"]["max_exit_latency_us"]
+    assert lat < default < thr
+
+
+CONTRACT = {
+    ("cpu.cstates", "max_exit_latency_us"),
+    ("pcie.mrrs", "min_read_request_bytes"),
+    ("kernel.version", "minimum"),
+    ("cpu.governor", "governor"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PROFILES))
+def test_profiles_name_only_contract_keys(name: str) -> None:
+    used = {(check, key) for check, values in PROFILES[name].items() for key in values}
+    assert used <= CONTRACT
+
+
+@pytest.mark.parametrize(
+    ("name", "check_id", "key"),
+    [(n, c, k) for n in sorted(PROFILES) for c, values in PROFILES[n].items() for k in values],
+)
+def test_profile_keys_are_options_the_checks_define(name: str, check_id: str, key: str) -> None:
+    registered = {c.id: c for c in load_checks()}
+    if check_id not in registered:
+        pytest.skip(f"{check_id} is not registered in this build")
+    assert key in registered[check_id].defaults
+    # and the loader accepts the profile's value for the check's option type
+    policy = load_policy(list(registered.values()), profile=name)
+    assert key in policy.options[check_id]
+
+
+def test_unknown_profile_is_a_policy_error() -> None:
+    with pytest.raises(PolicyError, match="unknown profile 'fast'"):
+        load_policy(CHECKS, profile="fast")
+
+
+def test_file_profile_used_and_command_line_profile_wins(tmp_path: Path) -> None:
+    path = write_policy(tmp_path, 'profile = "latency"\n')
+    assert load_policy(CHECKS, path).profile == "latency"
+    assert load_policy(CHECKS, path, profile="throughput").profile == "throughput"
+
+
+# -- per-check overrides ---------------------------------------------------------------
+
+
+def test_overrides_typed_and_merged_over_defaults(tmp_path: Path) -> None:
+    path = write_policy(
+        tmp_path,
+        '[checks."test.thresholds"]\nlimit_us = 3\nratio = 1\nallowed = "powersave"\n',
+    )
+    options = load_policy(CHECKS, path).options_for(Thresholds)
+    assert options == {
+        "limit_us": 3, "ratio": 1.0, "name": "performance", "strict": True,
+        "allowed": ("powersave",),
+    }
+    assert isinstance(options["ratio"], float)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ('[checks."test.thresholds"]\nlimit_us = "3"\n', "limit_us must be an integer"),
+        ('[checks."test.thresholds"]\nlimit_us = true\n', "limit_us must be an integer"),
+        ('[checks."test.thresholds"]\nstrict = 1\n', "strict must be a boolean"),
+        ('[checks."test.thresholds"]\nallowed = [1, 2]\n', "allowed must be a list"),
+        ('[checks."test.thresholds"]\nname = ["a"]\n', "name must be a string"),
+        ('[checks."test.thresholds"]\nnope = 1\n', "has no option 'nope'"),
+        ('[checks."no.such"]\nx = 1\n', "unknown check id 'no.such'"),
+        ("[checks.test.thresholds]\nlimit_us = 1\n", 'quote a dotted id'),
+        ("checks = 3\n", "[checks] must be a table"),
+        ("colour = 1\n", "unknown key(s) colour"),
+        ("profile = [1]\n", "unknown profile"),
+        ("waivers = 1\n", "waivers must be an array"),
+        ("[[waivers]]\ncheck = \"numa.balancing\"\n", "needs a reason"),
+        ("[[waivers]]\ncheck = [\"x\"]\nreason = \"r\"\n", "unknown check id"),
+        ("[[waivers]]\ncheck = \"numa.balancing\"\nreason = \"r\"\nexpires = \"soon\"\n",
+         "not a YYYY-MM-DD date"),
+        ("[[waivers]]\ncheck = \"numa.balancing\"\nreason = \"r\"\nexpires = 12:00:00\n",
+         "expires must be a date"),
+        ("[[waivers]]\ncheck = \"numa.balancing\"\nreason = \"r\"\nhost = 3\n",
+         "host must be a non-empty string"),
+        ("[[waivers]]\ncheck = \"numa.balancing\"\nreason = \"r\"\nwho = \"me\"\n",
+         "unknown key(s) who"),
+        ("this is = not toml = at all\n", "not valid TOML"),
+    ],
+)
+def test_bad_policy_files_raise_policy_error(tmp_path: Path, body: str, message: str) -> None:
+    with pytest.raises(PolicyError) as caught:
+        load_policy(CHECKS, write_policy(tmp_path, body))
+    assert message in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_unreadable_and_binary_policy_files(tmp_path: Path) -> None:
+    with pytest.raises(PolicyError, match="cannot read policy file"):
+        load_policy(CHECKS, str(tmp_path / "missing.toml"))
+    binary = tmp_path / "bin.toml"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(PolicyError, match="not valid TOML"):
+        load_policy(CHECKS, str(binary))
+
+
+# -- waivers (unit) --------------------------------------------------------------------
+
+TODAY = dt.date(2026, 12, 3)
+
+
+def waive(finding: Finding, *waivers: Waiver) -> Finding:
+    return Policy(waivers=waivers).apply_waivers(finding, TODAY)
+
+
+def test_live_waiver_turns_failure_into_waived_pass() -> None:
+    finding = make_finding(check="pcie.mrrs", subject="0000:41:00.0", host="gpu-07")
+    waived = waive(finding, Waiver("pcie.mrrs", "firmware caps it", "gpu-0*", "0000:41:*",
+                                   dt.date(2027, 3, 31)))
+    assert waived.status is Status.PASS
+    assert waived.message.startswith("waived until 2027-03-31: firmware caps it [fail: ")
+    assert dict(waived.evidence)["waived"] == "fail"
+
+
+def test_waiver_holds_through_its_expiry_day_and_lapses_the_day_after() -> None:
+    finding = make_finding()
+    on_the_day = Waiver("numa.balancing", "r", expires=TODAY)
+    assert waive(finding, on_the_day).status is Status.PASS
+    lapsed = Waiver("numa.balancing", "batch host", expires=TODAY - dt.timedelta(days=1))
+    result = waive(finding, lapsed)
+    assert result.status is Status.FAIL
+    assert "waiver expired on 2026-12-02: batch host" in result.message
+    assert dict(result.evidence)["waiver_expired"] == "2026-12-02"
+
+
+def test_expired_waiver_does_not_hide_a_later_live_one() -> None:
+    lapsed = Waiver("numa.balancing", "old", expires=dt.date(2020, 1, 1))
+    live = Waiver("numa.balancing", "new", expires=dt.date(2030, 1, 1))
+    assert waive(make_finding(), lapsed, live).status is Status.PASS
+
+
+@pytest.mark.parametrize(
+    ("host", "subject", "applies"),
+    [
+        ("gpu-0?", "*", True),
+        ("GPU-07", "*", True),  # host names have no case
+        ("gpu-1*", "*", False),
+        ("*", "0000:41:00.0", True),
+        ("*", "0000:41:00.[1-7]", False),
+        ("*", "0000:41:00.0 ", False),
+    ],
+)
+def test_host_and_subject_globs(host: str, subject: str, applies: bool) -> None:
+    finding = make_finding(check="pcie.mrrs", host="gpu-07", subject="0000:41:00.0")
+    result = waive(finding, Waiver("pcie.mrrs", "r", host, subject))
+    assert (result.status is Status.PASS) is applies
+
+
+def test_waivers_leave_pass_skip_error_and_other_checks_alone() -> None:
+    waiver = Waiver("numa.balancing", "r")
+    for status in (Status.PASS, Status.SKIP, Status.ERROR):
+        finding = make_finding(status=status)
+        assert waive(finding, waiver) == finding
+    other = make_finding(check="pcie.mrrs")
+    assert waive(other, waiver) == other
+    warned = make_finding(status=Status.WARN)
+    assert waive(warned, waiver).status is Status.PASS
+
+
+# -- end to end: a real capture with a problem planted, through the CLI ------------------
+
+
+def plant_numa_failure(root: Sysroot) -> None:
+    root.write("/sys/devices/system/node/node1/cpulist", "8-15\n")
+    root.write("/proc/sys/kernel/numa_balancing", "1\n")
+    root.write("/etc/hostname", "gpu-07\n")
+
+
+def audit_json(root: Sysroot, *args: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, Any]:
+    code = main(["local", "--root", str(root.root), "--format", "json",
+                 "--check", "numa.balancing", *args])
+    out = capsys.readouterr().out
+    return code, json.loads(out)
+
+
+def test_waiver_applies_end_to_end(
+    h200: Sysroot, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plant_numa_failure(h200)
+    code, report = audit_json(h200, capsys=capsys)
+    assert code == 1 and report["findings"][0]["status"] == "fail"
+    policy = write_policy(tmp_path, (
+        '[[waivers]]\ncheck = "numa.balancing"\nhost = "gpu-0*"\nsubject = "kernel"\n'
+        'reason = "benchmark host, balancing studied on purpose"\nexpires = 2999-01-01\n'))
+    code, report = audit_json(h200, "--policy", policy, capsys=capsys)
+    [finding] = report["findings"]
+    assert code == 0
+    assert finding["status"] == "pass"
+    assert finding["evidence"]["waived"] == "fail"
+    assert "benchmark host" in finding["message"]
+
+
+def test_expired_waiver_stops_waiving_and_says_so_end_to_end(
+    h200: Sysroot, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plant_numa_failure(h200)
+    policy = write_policy(tmp_path, (
+        '[[waivers]]\ncheck = "numa.balancing"\nreason = "until the kernel upgrade"\n'
+        'expires = 2020-06-30\n'))
+    code, report = audit_json(h200, "--policy", policy, capsys=capsys)
+    [finding] = report["findings"]
+    assert code == 1
+    assert finding["status"] == "fail"
+    assert "waiver expired on 2020-06-30: until the kernel upgrade" in finding["message"]
+    text_code = main(["local", "--root", str(h200.root), "--policy", policy])
+    assert text_code == 1
+    assert "waiver expired on 2020-06-30" in capsys.readouterr().out
+
+
+def test_waiver_for_another_host_does_not_apply(
+    h200: Sysroot, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plant_numa_failure(h200)
+    policy = write_policy(tmp_path, (
+        '[[waivers]]\ncheck = "numa.balancing"\nhost = "gpu-1*"\nreason = "r"\n'))
+    code, report = audit_json(h200, "--policy", policy, capsys=capsys)
+    assert code == 1 and report["findings"][0]["status"] == "fail"
+
+
+@pytest.mark.parametrize(
+    "body",
+    ["[checks.\"no.such\"]\nx = 1\n", "not = toml = here\n",
+     "[[waivers]]\ncheck = \"numa.balancing\"\n"],
+)
+def test_bad_policy_file_exits_2_with_one_line(tmp_path: Path, body: str) -> None:
+    policy = write_policy(tmp_path, body)
+    proc = subprocess.run(
+        [sys.executable, "-m", "auditor.cli", "local", "--policy", policy],
+        capture_output=True, text=True, check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("audit: error: ") and policy in lines[0]
+
+
+def test_unknown_profile_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["local", "--profile", "fastest"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown profile 'fastest'" in err
