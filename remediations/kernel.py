@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 
 from auditor.hosts.base import Host
@@ -12,6 +13,15 @@ from remediations.base import Advice, Context, Remedy, evidence, safe_word
 READS: tuple[str, ...] = ("/etc/os-release", "/proc/sys/kernel/osrelease", "/proc/cpuinfo")
 
 RHEL_LIKE = {"rhel", "centos", "rocky", "almalinux", "fedora", "ol"}
+
+
+def _codename(os_release: Mapping[str, str]) -> str:
+    """Return the codename a release names in parentheses (``12 (bookworm)``), or ""."""
+    for key in ("VERSION", "PRETTY_NAME"):
+        match = re.search(r"\(([a-z]+)\)", os_release.get(key, ""))
+        if match:
+            return match.group(1)
+    return ""
 
 
 def upgrade_command(
@@ -29,7 +39,7 @@ def upgrade_command(
             return ("apt", "install", "--install-recommends", f"linux-generic-hwe-{version}")
         return ()
     if "debian" in ids:
-        codename = os_release.get("VERSION_CODENAME", "")
+        codename = os_release.get("VERSION_CODENAME", "") or _codename(os_release)
         if safe_word(codename):
             return ("apt", "install", "-t", f"{codename}-backports", f"linux-image-{arch}")
         return ()

@@ -1,0 +1,71 @@
+"""lxc.device_majors and kernel.version remediations."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.conftest import Sysroot
+from tests.fixkit import (
+    assert_idempotent_and_reversible,
+    copy_tree,
+    fix_cycle,
+    needs_root,
+    plan_for,
+    report_of,
+    run,
+    tree_hash,
+    write_scripts,
+)
+from tests.remediations.plant import LXC_CONFIG, plant_lxc, plant_old_kernel
+
+
+@needs_root
+def test_stale_major_rewritten_in_main_section_only(h200: Sysroot, tmp_path: Path) -> None:
+    findings = plant_lxc(h200)
+    plan, fix, rollback, copy, before = fix_cycle(h200, tmp_path, report_of(findings))
+    expected = LXC_CONFIG.replace("c 509:* rwm", "c 238:* rwm", 1)
+    assert (copy / "etc/pve/lxc/101.conf").read_text() == expected
+    assert expected.count("c 509:* rwm") == 1  # the snapshot section keeps its rule
+    text = fix.read_text()
+    assert "#   pct reboot 101" in text
+    assert "devN: entries" in text
+    assert_idempotent_and_reversible(fix, rollback, copy, before)
+
+
+@needs_root
+def test_hostile_config_name_runs_nothing(h200: Sysroot, tmp_path: Path) -> None:
+    marker = tmp_path / "pwned-lxc"
+    name = f"/etc/pve/lxc/1\n$(touch {marker})`touch {marker}`'.conf"
+    findings = plant_lxc(h200, path=name, container=f"1$(touch {marker})")
+    plan, fix, rollback, copy, before = fix_cycle(h200, tmp_path, report_of(findings))
+    assert (copy / name.lstrip("/")).read_text() == LXC_CONFIG.replace("509", "238", 1)
+    assert_idempotent_and_reversible(fix, rollback, copy, before)
+    assert not marker.exists()
+
+
+def test_kernel_upgrade_is_commented_out_and_needs_reboot(h200: Sysroot, tmp_path: Path) -> None:
+    findings = plant_old_kernel(h200)
+    plan = plan_for(h200, report_of(findings))
+    assert plan.reboot and not plan.actions
+    fix, _ = write_scripts(plan, tmp_path)
+    text = fix.read_text()
+    assert "#   apt install -t bookworm-backports linux-image-amd64" in text
+    assert not [ln for ln in text.splitlines() if ln.startswith("apt ")]
+    copy = copy_tree(h200.root, tmp_path / "copy")
+    before = tree_hash(copy)
+    assert run(fix, copy).returncode == 0
+    assert tree_hash(copy) == before
+
+
+def test_upgrade_commands_per_distribution() -> None:
+    from remediations.kernel import upgrade_command
+
+    assert upgrade_command("6.8.12-4-pve", "6.14", {"ID": "debian"}) == (
+        "apt", "install", "proxmox-kernel-6.14")
+    assert upgrade_command("6.8.0-45-generic", "6.11", {"ID": "ubuntu", "VERSION_ID": "24.04"}
+                           ) == ("apt", "install", "--install-recommends",
+                                 "linux-generic-hwe-24.04")
+    assert upgrade_command("5.14.0", "6.0", {"ID": "rocky", "ID_LIKE": "rhel centos fedora"}
+                           ) == ("dnf", "install", "kernel")
+    assert upgrade_command("6.1.0", "6.8", {"ID": "debian", "VERSION_CODENAME": "x; rm -rf"}
+                           ) == ()
