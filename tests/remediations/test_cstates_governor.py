@@ -30,7 +30,7 @@ def test_deep_state_disabled_on_every_cpu_and_capped_at_boot(
 ) -> None:
     findings = plant_cstates(h200)
     plant_grub(h200)
-    plan, fix, rollback, copy, before = fix_cycle(h200, tmp_path, report_of(findings))
+    _, fix, rollback, copy, before = fix_cycle(h200, tmp_path, report_of(findings))
     cpu = copy / "sys/devices/system/cpu"
     assert {(cpu / f"cpu{n}/cpuidle/state3/disable").read_text() for n in range(16)} == {"1\n"}
     assert {(cpu / f"cpu{n}/cpuidle/state1/disable").read_text() for n in range(16)} == {"0\n"}
@@ -47,7 +47,7 @@ def test_governors_set_to_performance_and_default_governor_on_cmdline(
 ) -> None:
     findings = plant_cpufreq(h200)
     plant_grub(h200)
-    plan, fix, rollback, copy, before = fix_cycle(h200, tmp_path, report_of(findings))
+    _, fix, rollback, copy, before = fix_cycle(h200, tmp_path, report_of(findings))
     governors = {(copy / f"{CPUFREQ.lstrip('/')}/policy{n}/scaling_governor").read_text()
                  for n in range(16)}
     assert governors == {"performance\n"}
@@ -60,7 +60,7 @@ def test_governors_set_to_performance_and_default_governor_on_cmdline(
 @needs_root
 def test_intel_pstate_gets_epp_and_a_systemd_unit(h200: Sysroot, tmp_path: Path) -> None:
     findings = plant_cpufreq(h200, driver="intel_pstate", epp=True)
-    plan, fix, rollback, copy, before = fix_cycle(h200, tmp_path, report_of(findings))
+    _, fix, rollback, copy, before = fix_cycle(h200, tmp_path, report_of(findings))
     policy = copy / CPUFREQ.lstrip("/") / "policy3"
     assert (policy / "energy_performance_preference").read_text() == "performance\n"
     assert (policy / "scaling_governor").read_text() == "performance\n"
@@ -81,7 +81,7 @@ def test_live_plan_refreshes_grub_only_after_a_change(h200: Sysroot, tmp_path: P
     plant_grub(h200)
     plan = dataclasses.replace(plan_for(h200, report_of(findings)), root="")
     fix, rollback = write_scripts(plan, tmp_path)
-    boot = [a for a in plan.actions if a.step.kind == "replace_line"][0]
+    boot = next(a for a in plan.actions if a.step.kind == "replace_line")
     assert f"run_after 0 {boot.id} update-grub" in fix.read_text()
     assert f"undo_after 0 {boot.id} update-grub" in rollback.read_text()
     assert "sysfs.path" in render_fix_script(plan)  # the helper is there, used only with ROOT

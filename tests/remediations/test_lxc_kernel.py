@@ -22,7 +22,7 @@ from tests.remediations.plant import LXC_CONFIG, plant_lxc, plant_old_kernel
 @needs_root
 def test_stale_major_rewritten_in_main_section_only(h200: Sysroot, tmp_path: Path) -> None:
     findings = plant_lxc(h200)
-    plan, fix, rollback, copy, before = fix_cycle(h200, tmp_path, report_of(findings))
+    _, fix, rollback, copy, before = fix_cycle(h200, tmp_path, report_of(findings))
     expected = LXC_CONFIG.replace("c 509:* rwm", "c 238:* rwm", 1)
     assert (copy / "etc/pve/lxc/101.conf").read_text() == expected
     assert expected.count("c 509:* rwm") == 1  # the snapshot section keeps its rule
@@ -37,7 +37,7 @@ def test_hostile_config_name_runs_nothing(h200: Sysroot, tmp_path: Path) -> None
     marker = tmp_path / "pwned-lxc"
     name = f"/etc/pve/lxc/1\n$(touch {marker})`touch {marker}`'.conf"
     findings = plant_lxc(h200, path=name, container=f"1$(touch {marker})")
-    plan, fix, rollback, copy, before = fix_cycle(h200, tmp_path, report_of(findings))
+    _, fix, rollback, copy, before = fix_cycle(h200, tmp_path, report_of(findings))
     assert (copy / name.lstrip("/")).read_text() == LXC_CONFIG.replace("509", "238", 1)
     assert_idempotent_and_reversible(fix, rollback, copy, before)
     assert not marker.exists()

@@ -27,7 +27,7 @@ def test_sysctl_d_file_setting_1_is_edited_and_runtime_set(h200: Sysroot, tmp_pa
     plant(h200)
     h200.write("/etc/sysctl.d/50-numa.conf", "# tuned by hand\nkernel.numa_balancing = 1\n")
     assert statuses(audit_root(h200), "numa.balancing") == {Status.FAIL}
-    plan, fix, rollback, copy, before = fix_cycle(h200, tmp_path)
+    _, fix, rollback, copy, before = fix_cycle(h200, tmp_path)
     assert (copy / "proc/sys/kernel/numa_balancing").read_text() == "0\n"
     assert (copy / "etc/sysctl.d/50-numa.conf").read_text() == (
         "# tuned by hand\nkernel.numa_balancing = 0\n"
@@ -39,7 +39,7 @@ def test_sysctl_d_file_setting_1_is_edited_and_runtime_set(h200: Sysroot, tmp_pa
 @needs_root
 def test_nothing_sets_it_so_a_drop_in_is_written(h200: Sysroot, tmp_path: Path) -> None:
     plant(h200)
-    plan, fix, rollback, copy, before = fix_cycle(h200, tmp_path)
+    _, fix, rollback, copy, before = fix_cycle(h200, tmp_path)
     drop_in = copy / "etc/sysctl.d/99-zz-host-auditor-numa.conf"
     assert drop_in.read_text() == "kernel.numa_balancing = 0\n"
     assert oct(drop_in.stat().st_mode & 0o777) == "0o644"
@@ -53,7 +53,7 @@ def test_sysctl_conf_is_applied_last_so_its_line_is_changed(h200: Sysroot, tmp_p
     original = h200.read("/etc/sysctl.conf")
     h200.write("/etc/sysctl.conf", original + "kernel.numa_balancing=1\n")
     h200.write("/etc/sysctl.d/zz-late.conf", "kernel.numa_balancing = 0\n")
-    plan, fix, rollback, copy, before = fix_cycle(h200, tmp_path)
+    _, fix, rollback, copy, before = fix_cycle(h200, tmp_path)
     assert (copy / "etc/sysctl.conf").read_text() == original + "kernel.numa_balancing=0\n"
     assert not (copy / "etc/sysctl.d/99-zz-host-auditor-numa.conf").exists()
     assert statuses(audit_root(copy), "numa.balancing") == {Status.PASS}
@@ -64,7 +64,7 @@ def test_sysctl_conf_is_applied_last_so_its_line_is_changed(h200: Sysroot, tmp_p
 def test_vendor_file_is_masked_from_etc(h200: Sysroot, tmp_path: Path) -> None:
     plant(h200)
     h200.write("/usr/lib/sysctl.d/50-numa.conf", "kernel.numa_balancing = 1\nvm.x = 2\n")
-    plan, fix, rollback, copy, before = fix_cycle(h200, tmp_path)
+    _, fix, rollback, copy, before = fix_cycle(h200, tmp_path)
     assert (copy / "usr/lib/sysctl.d/50-numa.conf").read_text().startswith(
         "kernel.numa_balancing = 1"
     )

@@ -16,7 +16,7 @@ def test_mrrs_raised_to_4096_payload_untouched_and_kept_by_udev(
     findings = plant_mrrs(h200)
     assert mrrs(h200) == 512
     control_before = int(setpci(h200, "-s", GPU, "CAP_EXP+08.w"), 16)
-    plan, fix, rollback, copy, before = fix_cycle(h200, tmp_path, report_of(findings))
+    _, fix, rollback, copy, before = fix_cycle(h200, tmp_path, report_of(findings))
     fixed = Sysroot(copy)
     assert mrrs(fixed) == 4096
     control_after = int(setpci(fixed, "-s", GPU, "CAP_EXP+08.w"), 16)
