@@ -26,7 +26,18 @@ from auditor.hosts.base import Host
 from auditor.model import Finding, Report, Status
 from auditor.policy import Policy
 from remediations import remediation_reads, remediations
-from remediations.base import Context, Remedy, RunCommand, Step, parse_os_release
+from remediations.base import (
+    AppendLine,
+    Context,
+    MakeSymlink,
+    Remedy,
+    ReplaceLine,
+    RunCommand,
+    SetValue,
+    Step,
+    WriteFile,
+    parse_os_release,
+)
 from remediations.boot import boot_remedy
 
 #: Paths remediations read beyond the checks' own ``reads``: a remote collector
@@ -148,6 +159,34 @@ def _clean_remedy(remedy: Remedy) -> Remedy:
     )
 
 
+def _resolve(host: Host, step: Step) -> Step:
+    try:
+        if isinstance(step, MakeSymlink):
+            parent, _, name = step.path.rpartition("/")
+            return dataclasses.replace(step, path=host.resolve(parent or "/").rstrip("/")
+                                       + "/" + name)
+        if isinstance(step, SetValue):
+            return dataclasses.replace(step, path=host.resolve(step.path))
+        if isinstance(step, WriteFile):
+            return dataclasses.replace(step, path=host.resolve(step.path))
+        if isinstance(step, ReplaceLine):
+            return dataclasses.replace(step, path=host.resolve(step.path))
+        if isinstance(step, AppendLine):
+            return dataclasses.replace(step, path=host.resolve(step.path))
+    except OSError:
+        pass
+    return step
+
+
+def _resolved(host: Host, remedy: Remedy) -> Remedy:
+    """Follow a sysroot's symlinks inside it, so the script writes where the host would."""
+    return dataclasses.replace(
+        remedy,
+        runtime=tuple(_resolve(host, s) for s in remedy.runtime),
+        persistent=tuple(_resolve(host, s) for s in remedy.persistent),
+    )
+
+
 def _first_line(text: str | None) -> str:
     lines = (text or "").strip().splitlines()
     return lines[0].strip() if lines else ""
@@ -202,6 +241,8 @@ def build_fix(
     if params:
         remedies.append(boot_remedy(host, params, os_release))
     remedies = [_clean_remedy(r) for r in remedies]
+    if root:
+        remedies = [_resolved(host, r) for r in remedies]
     sections: list[Section] = []
     counter = 0
     for remedy in remedies:

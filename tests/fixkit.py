@@ -84,10 +84,10 @@ def write_scripts(plan: FixPlan, where: Path) -> tuple[Path, Path]:
     rollback.write_text(render_rollback_script(plan))
     for script in (fix, rollback):
         subprocess.run(["bash", "-n", str(script)], check=True)
-        if shutil.which("shellcheck"):
-            result = subprocess.run(["shellcheck", "-S", "style", str(script)],
-                                    capture_output=True, text=True, check=False)
-            assert result.returncode == 0, result.stdout
+    if shutil.which("shellcheck"):
+        result = subprocess.run(["shellcheck", "-S", "style", str(fix), str(rollback)],
+                                capture_output=True, text=True, check=False)
+        assert result.returncode == 0, result.stdout
     return fix, rollback
 
 

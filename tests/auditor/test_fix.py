@@ -13,7 +13,6 @@ from auditor.cli import main
 from auditor.fix import Action, FixPlan, Section, default_rollback_path
 from auditor.model import Status
 from remediations.base import Remedy, WriteFile
-from tests.checks.test_numa_balancing import add_node
 from tests.conftest import Sysroot
 from tests.fixkit import (
     assert_idempotent_and_reversible,

@@ -94,3 +94,38 @@ def test_line_changed_since_audit_is_left_alone(h200: Sysroot, tmp_path: Path) -
     assert result.returncode == 1
     assert "changed since the audit" in result.stderr
     assert (copy / "etc/sysctl.d/50-numa.conf").read_text() == "kernel.numa_balancing = 2\n"
+
+
+@needs_root
+def test_absolute_symlink_in_sysroot_is_followed_inside_it(h200: Sysroot, tmp_path: Path) -> None:
+    plant(h200)
+    original = h200.read("/etc/sysctl.conf")
+    h200.write("/etc/sysctl.conf", original + "kernel.numa_balancing = 1\n")
+    h200.symlink("/etc/sysctl.d/99-sysctl.conf", "/etc/sysctl.conf")
+    live = Path("/etc/sysctl.conf")
+    live_bytes = live.read_bytes() if live.exists() else None
+    _, fix, rollback, copy, before = fix_cycle(h200, tmp_path)
+    assert (copy / "etc/sysctl.conf").read_text() == original + "kernel.numa_balancing = 0\n"
+    assert (live.read_bytes() if live.exists() else None) == live_bytes
+    assert_idempotent_and_reversible(fix, rollback, copy, before)
+
+
+@needs_root
+def test_symlink_leading_out_of_the_sysroot_is_refused(h200: Sysroot, tmp_path: Path) -> None:
+    from tests.fixkit import copy_tree, run, write_scripts
+
+    plant(h200)
+    h200.write("/etc/sysctl.d/50-numa.conf", "kernel.numa_balancing = 1\n")
+    fix, _ = write_scripts(plan_for(h200), tmp_path)
+    copy = copy_tree(h200.root, tmp_path / "copy")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "50-numa.conf").write_text("kernel.numa_balancing = 1\n")
+    import shutil
+
+    shutil.rmtree(copy / "etc/sysctl.d")
+    (copy / "etc/sysctl.d").symlink_to(outside)
+    result = run(fix, copy)
+    assert result.returncode == 2 and "leads outside the sysroot" in result.stderr
+    assert (outside / "50-numa.conf").read_text() == "kernel.numa_balancing = 1\n"
+    assert (copy / "proc/sys/kernel/numa_balancing").read_text() == "1\n"  # nothing changed
