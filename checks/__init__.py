@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 from auditor.check import Check
+from checks.cpu_cstates import CpuCstates
+from checks.cpu_governor import CpuGovernor
+from checks.lxc_device_majors import LxcDeviceMajors
 from checks.numa_balancing import NumaBalancing
 
 #: The built-in checks in report order; plug-ins come after them.
 BUILTIN_CHECKS: list[type[Check]] = [
+    CpuGovernor,
+    CpuCstates,
     NumaBalancing,
+    LxcDeviceMajors,
 ]

@@ -1,0 +1,578 @@
+"""lxc.device_majors against the real h200 capture, with container configs planted in copies.
+
+The capture's /proc/devices has nvidia-uvm at 238 and nvidia-caps at 241, and its
+/dev holds nvidia-uvm 238:0, nvidia-caps/nvidia-cap1 241:1 and nvidia0 195:0.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from auditor.hosts import DirectoryHost
+from auditor.hosts.archive import ArchiveHost
+from auditor.hosts.base import Host
+from auditor.model import Finding, Status
+from auditor.registry import load_checks
+from checks.lxc_config import ConfigLine, parse_device_rule
+from checks.lxc_device_majors import (
+    LxcDeviceMajors,
+    Rule,
+    allows,
+    cgroup_mode,
+    node_driver,
+    parse_proc_devices,
+)
+from tests.conftest import CAPTURES, Sysroot
+
+REPO = Path(__file__).resolve().parents[2]
+UVM_NOW = "238"  # the capture's nvidia-uvm major
+STALE = "509"
+
+PVE_HEAD = """\
+arch: amd64
+cores: 16
+features: nesting=1
+hostname: llm-01
+memory: 65536
+net0: name=eth0,bridge=vmbr0,firewall=1,hwaddr=BC:24:11:5E:3A:01,ip=dhcp,type=veth
+ostype: ubuntu
+rootfs: local-lvm:vm-101-disk-0,size=200G
+swap: 0
+unprivileged: 0
+"""
+
+GPU_MOUNTS = "".join(
+    f"lxc.mount.entry: /dev/{n} dev/{n} none bind,optional,create=file\n"
+    for n in ("nvidia0", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
+)
+
+
+def pve_config(uvm_major: str, head: str = PVE_HEAD, tail: str = "") -> str:
+    """Return a Proxmox GPU container config allowing nvidia-uvm at ``uvm_major``."""
+    return (
+        head
+        + "lxc.cgroup2.devices.allow: c 195:* rwm\n"
+        + f"lxc.cgroup2.devices.allow: c {uvm_major}:* rwm\n"
+        + GPU_MOUNTS
+        + tail
+    )
+
+
+def evaluate(host: Host | Sysroot) -> list[Finding]:
+    if isinstance(host, Sysroot):
+        host = DirectoryHost(str(host.root))
+    return list(LxcDeviceMajors().evaluate(host))
+
+
+def evidence(finding: Finding) -> dict[str, str]:
+    return dict(finding.evidence)
+
+
+def drop_device_nodes(root: Sysroot, *paths: str) -> None:
+    """Remove /dev nodes where the extraction made them (it does only as root)."""
+    for path in paths:
+        if root.path(path).exists():
+            root.remove(path)
+
+
+# -- the planted cases ---------------------------------------------------------------
+
+
+def test_no_containers_is_skip(h200: Sysroot) -> None:
+    [finding] = evaluate(h200)
+    assert finding.status is Status.SKIP
+    assert finding.message == "no LXC containers"
+
+
+def test_stale_uvm_major_fails_per_device(h200: Sysroot) -> None:
+    h200.write("/etc/pve/lxc/101.conf", pve_config(STALE))
+    findings = evaluate(h200)
+    assert [f.status for f in findings] == [Status.FAIL, Status.FAIL]
+    assert {f.subject for f in findings} == {"101"}
+    assert [evidence(f)["device"] for f in findings] == ["/dev/nvidia-uvm",
+                                                         "/dev/nvidia-uvm-tools"]
+    for finding in findings:
+        assert STALE in finding.message and UVM_NOW in finding.message
+        assert evidence(finding) | {"device": ""} == {
+            "config": "/etc/pve/lxc/101.conf",
+            "flavour": "proxmox",
+            "device": "",
+            "driver_name": "nvidia-uvm",
+            "allowed_major": STALE,
+            "current_major": UVM_NOW,
+            "rule": f"lxc.cgroup2.devices.allow: c {STALE}:* rwm",
+            "rule_line": "12",
+            "allow_key": "lxc.cgroup2.devices.allow",
+            "major_source": evidence(finding)["major_source"],
+        }
+        assert finding.expected == f"c {UVM_NOW}:* rwm"
+    # The rule line number points at the line as written in the file.
+    lines = h200.read("/etc/pve/lxc/101.conf").splitlines()
+    assert lines[11] == f"lxc.cgroup2.devices.allow: c {STALE}:* rwm"
+
+
+def test_current_uvm_major_passes(h200: Sysroot) -> None:
+    h200.write("/etc/pve/lxc/101.conf", pve_config(UVM_NOW))
+    [finding] = evaluate(h200)
+    assert finding.status is Status.PASS
+    assert finding.subject == "101"
+    assert f"nvidia-uvm {UVM_NOW}" in finding.message
+    assert "4 bind-mounted GPU nodes" in finding.message
+
+
+@pytest.mark.parametrize("section", ["[before-upgrade]", "[pve:pending]"])
+def test_stale_rule_outside_the_main_section_is_ignored(h200: Sysroot, section: str) -> None:
+    stale_copy = pve_config(STALE, head=f"{section}\n{PVE_HEAD}")
+    h200.write("/etc/pve/lxc/101.conf",
+               pve_config(UVM_NOW, head="parent: before-upgrade\n" + PVE_HEAD)
+               + "\n" + stale_copy + "snaptime: 1733100000\n")
+    [finding] = evaluate(h200)
+    assert finding.status is Status.PASS
+
+
+def test_stale_main_section_fails_even_when_the_snapshot_is_right(h200: Sysroot) -> None:
+    h200.write("/etc/pve/lxc/101.conf",
+               pve_config(STALE) + "\n" + pve_config(UVM_NOW, head="[before-upgrade]\n"))
+    findings = evaluate(h200)
+    assert [f.status for f in findings] == [Status.FAIL, Status.FAIL]
+    assert {evidence(f)["rule_line"] for f in findings} == {"12"}
+
+
+HYBRID_CGROUP = (
+    "12:devices:/lxc/gpu1\n11:memory:/lxc/gpu1\n1:name=systemd:/init.scope\n0::/init.scope\n"
+)
+
+
+def plain_config(uvm_major: str) -> str:
+    mounts = "".join(
+        f"lxc.mount.entry = /dev/{n} dev/{n} none bind,optional,create=file 0 0\n"
+        for n in ("nvidia0", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
+    )
+    return (
+        "lxc.include = /usr/share/lxc/config/ubuntu.common.conf\n"
+        "lxc.arch = linux64\n"
+        "lxc.rootfs.path = dir:/var/lib/lxc/gpu1/rootfs\n"
+        "lxc.uts.name = gpu1\n"
+        "lxc.cgroup.devices.allow = c 195:* rwm\n"
+        f"lxc.cgroup.devices.allow = c {uvm_major}:* rwm\n" + mounts
+    )
+
+
+def test_plain_lxc_v1_rules_on_a_v1_host(h200: Sysroot) -> None:
+    h200.write("/proc/1/cgroup", HYBRID_CGROUP)
+    h200.write("/var/lib/lxc/gpu1/config", plain_config(STALE))
+    findings = evaluate(h200)
+    assert [f.status for f in findings] == [Status.FAIL, Status.FAIL]
+    first = evidence(findings[0])
+    assert findings[0].subject == "gpu1"
+    assert first["flavour"] == "lxc"
+    assert first["config"] == "/var/lib/lxc/gpu1/config"
+    assert first["rule"] == f"lxc.cgroup.devices.allow = c {STALE}:* rwm"
+    assert first["allow_key"] == "lxc.cgroup.devices.allow"
+    assert (first["allowed_major"], first["current_major"]) == (STALE, UVM_NOW)
+
+    h200.write("/var/lib/lxc/gpu1/config", plain_config(UVM_NOW))
+    assert [f.status for f in evaluate(h200)] == [Status.PASS]
+
+
+def test_v1_rules_are_ignored_on_a_pure_cgroup2_host(h200: Sysroot) -> None:
+    # The capture's /proc/1/cgroup is "0::/": LXC ignores lxc.cgroup.* keys there.
+    h200.write("/var/lib/lxc/gpu1/config", plain_config(UVM_NOW))
+    findings = evaluate(h200)
+    assert [f.status for f in findings] == [Status.FAIL] * 4
+    assert all("ignored on this pure cgroup2 host" in f.message for f in findings)
+    assert {evidence(f)["allow_key"] for f in findings} == {"lxc.cgroup2.devices.allow"}
+    assert {evidence(f)["rule"] for f in findings} == {""}
+
+
+def test_plain_lxc_without_include_or_rules_is_unrestricted(h200: Sysroot) -> None:
+    config = plain_config(STALE)
+    config = "".join(line + "\n" for line in config.splitlines()
+                     if not line.startswith(("lxc.include", "lxc.cgroup")))
+    h200.write("/var/lib/lxc/gpu1/config", config)
+    [finding] = evaluate(h200)
+    assert finding.status is Status.PASS
+    assert "not restricted" in finding.message
+    h200.write("/var/lib/lxc/gpu1/config", "lxc.include = /usr/share/lxc/config/common.conf\n"
+               + config)
+    assert {f.status for f in evaluate(h200)} == {Status.FAIL}
+
+
+def test_dev_entries_follow_the_live_major(h200: Sysroot) -> None:
+    devs = "".join(
+        f"dev{i}: /dev/{n},gid=44\n"
+        for i, n in enumerate(("nvidia0", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"))
+    )
+    # Leftover stale rules do not matter: Proxmox allows each devN at its live major.
+    h200.write("/etc/pve/lxc/102.conf",
+               PVE_HEAD + devs + f"lxc.cgroup2.devices.allow: c {STALE}:* rwm\n")
+    [finding] = evaluate(h200)
+    assert finding.status is Status.PASS
+    assert "lasting fix" in finding.message
+    assert "4 GPU nodes are passed through" in finding.message
+
+
+def test_container_without_gpu_passes(h200: Sysroot) -> None:
+    h200.write("/etc/pve/lxc/103.conf", PVE_HEAD + "mp0: /srv/models,mp=/models\n")
+    h200.write("/etc/pve/lxc/101.conf", pve_config(STALE))
+    by_subject = {f.subject: f for f in evaluate(h200)}
+    assert by_subject["103"].status is Status.PASS
+    assert "no GPU device nodes" in by_subject["103"].message
+    assert by_subject["101"].status is Status.FAIL
+
+
+def test_proxmox_symlink_layout(h200: Sysroot) -> None:
+    h200.write("/etc/pve/nodes/pve1/lxc/101.conf", pve_config(STALE))
+    h200.write("/etc/pve/nodes/pve2/lxc/201.conf", pve_config("511"))  # another node's
+    h200.symlink("/etc/pve/lxc", "nodes/pve1/lxc")
+    findings = evaluate(h200)
+    assert {f.subject for f in findings} == {"101"}
+    assert {evidence(f)["config"] for f in findings} == {"/etc/pve/lxc/101.conf"}
+
+
+def test_proxmox_nodes_tree_without_the_link_uses_this_hosts_node(h200: Sysroot) -> None:
+    hostname = h200.read("/etc/hostname").strip()
+    h200.write(f"/etc/pve/nodes/{hostname}/lxc/101.conf", pve_config(STALE))
+    h200.write("/etc/pve/nodes/other/lxc/201.conf", pve_config("511"))
+    findings = evaluate(h200)
+    assert {f.subject for f in findings} == {"101"}
+    assert {f.status for f in findings} == {Status.FAIL}
+
+    h200.remove(f"/etc/pve/nodes/{hostname}")
+    h200.write("/etc/pve/nodes/third/lxc/301.conf", pve_config(UVM_NOW))
+    [finding] = evaluate(h200)
+    assert finding.status is Status.SKIP
+    assert "2 cluster nodes" in finding.message
+
+
+def test_generated_plain_config_of_a_proxmox_container_is_not_judged_twice(
+    h200: Sysroot,
+) -> None:
+    h200.write("/etc/pve/lxc/101.conf", pve_config(UVM_NOW))
+    h200.write("/var/lib/lxc/101/config", plain_config(STALE))
+    assert [(f.subject, f.status) for f in evaluate(h200)] == [("101", Status.PASS)]
+
+
+HOSTILE = "1\n$(touch pwned)`id`'\""
+
+
+def test_hostile_file_name_is_carried_raw(h200: Sysroot, tmp_path: Path) -> None:
+    h200.write(f"/etc/pve/lxc/{HOSTILE}.conf", pve_config(STALE))
+    plain = "gpu " + HOSTILE
+    h200.write(f"/var/lib/lxc/{plain}/config", plain_config(STALE).replace(
+        "lxc.cgroup.", "lxc.cgroup2."))
+    findings = evaluate(h200)
+    assert [f.status for f in findings] == [Status.FAIL] * 4
+    assert {f.subject for f in findings} == {HOSTILE, plain}
+    assert {evidence(f)["config"] for f in findings} == {
+        f"/etc/pve/lxc/{HOSTILE}.conf", f"/var/lib/lxc/{plain}/config"
+    }
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    for fmt in ("text", "markdown", "html", "junit", "json"):
+        result = run_cli(h200, fmt, cwd=cwd)
+        assert result.returncode == 1, result.stderr
+        assert "pwned" in result.stdout
+    assert not list(cwd.iterdir())
+
+
+def test_eight_gpu_node_with_caps(h200: Sysroot) -> None:
+    gpus = "".join(
+        f"lxc.mount.entry: /dev/nvidia{i} dev/nvidia{i} none bind,optional,create=file\n"
+        for i in range(8)
+    )
+    def config(uvm: str, caps: str) -> str:
+        return (
+            PVE_HEAD
+            + "lxc.cgroup2.devices.allow: c 195:* rwm\n"
+            + f"lxc.cgroup2.devices.allow: c {uvm}:* rwm\n"
+            + f"lxc.cgroup2.devices.allow: c {caps}:* rwm\n"
+            + "lxc.cgroup2.devices.allow: c 10:200 rwm\n"
+            + gpus
+            + "lxc.mount.entry: /dev/nvidiactl dev/nvidiactl none bind,optional,create=file\n"
+            + "lxc.mount.entry: /dev/nvidia-uvm dev/nvidia-uvm none bind,optional,create=file\n"
+            + "lxc.mount.entry: /dev/nvidia-uvm-tools dev/nvidia-uvm-tools none "
+              "bind,optional,create=file\n"
+            + "lxc.mount.entry: /dev/nvidia-caps dev/nvidia-caps none bind,optional,create=dir\n"
+            + "lxc.mount.entry: /dev/net/tun dev/net/tun none bind,create=file\n"
+        )
+
+    h200.write("/etc/pve/lxc/120.conf", config("509", "510"))
+    findings = evaluate(h200)
+    failed = {evidence(f)["device"]: evidence(f) for f in findings}
+    assert {f.status for f in findings} == {Status.FAIL}
+    assert failed["/dev/nvidia-uvm"]["allowed_major"] == "509"
+    assert failed["/dev/nvidia-uvm"]["current_major"] == UVM_NOW
+    caps = [path for path in failed if path.startswith("/dev/nvidia-caps")]
+    assert caps  # the bind of the directory brings its nodes (or the directory itself)
+    for path in caps:
+        assert failed[path]["driver_name"] == "nvidia-caps"
+        assert failed[path]["allowed_major"] == "510"
+        assert failed[path]["current_major"] == "241"
+        assert failed[path]["rule"] == "lxc.cgroup2.devices.allow: c 510:* rwm"
+    assert not any(path.startswith("/dev/nvidia") and path[11:].isdigit() for path in failed)
+
+    h200.write("/etc/pve/lxc/120.conf", config(UVM_NOW, "241"))
+    [finding] = evaluate(h200)
+    assert finding.status is Status.PASS
+    assert "nvidia-caps 241" in finding.message
+
+
+def test_access_and_order_of_rules(h200: Sysroot) -> None:
+    cases = {
+        "lxc.cgroup2.devices.allow: a\n": Status.PASS,
+        "lxc.cgroup2.devices.allow: c *:* rwm\n": Status.PASS,
+        "lxc.cgroup2.devices.allow: c *:* m\n": Status.FAIL,
+        f"lxc.cgroup2.devices.allow: c {UVM_NOW}:* m\n": Status.FAIL,
+        f"lxc.cgroup2.devices.allow: c {UVM_NOW}:* rwm\n"
+        f"lxc.cgroup2.devices.deny: c {UVM_NOW}:* rwm\n": Status.FAIL,
+        f"lxc.cgroup2.devices.allow: c {UVM_NOW}:0 rw\n"
+        f"lxc.cgroup2.devices.allow: c {UVM_NOW}:1 rw\n": Status.PASS,
+    }
+    for rules, status in cases.items():
+        h200.write("/etc/pve/lxc/101.conf",
+                   PVE_HEAD + "lxc.cgroup2.devices.allow: c 195:* rwm\n" + rules + GPU_MOUNTS)
+        assert {f.status for f in evaluate(h200)} == {status}, rules
+
+
+def test_per_minor_stale_rules_pair_with_their_nodes(h200: Sysroot) -> None:
+    h200.write("/etc/pve/lxc/101.conf",
+               PVE_HEAD + "lxc.cgroup2.devices.allow: c 195:* rwm\n"
+               f"lxc.cgroup2.devices.allow: c {STALE}:0 rw\n"
+               f"lxc.cgroup2.devices.allow: c {STALE}:1 rw\n" + GPU_MOUNTS)
+    rules = {evidence(f)["device"]: evidence(f)["rule"] for f in evaluate(h200)}
+    assert rules == {
+        "/dev/nvidia-uvm": f"lxc.cgroup2.devices.allow: c {STALE}:0 rw",
+        "/dev/nvidia-uvm-tools": f"lxc.cgroup2.devices.allow: c {STALE}:1 rw",
+    }
+
+
+def test_ambiguous_stale_majors_are_listed_without_a_rule_to_rewrite(h200: Sysroot) -> None:
+    h200.write("/etc/pve/lxc/101.conf",
+               PVE_HEAD + "lxc.cgroup2.devices.allow: c 195:* rwm\n"
+               "lxc.cgroup2.devices.allow: c 509:* rwm\n"
+               "lxc.cgroup2.devices.allow: c 510:* rwm\n" + GPU_MOUNTS)
+    findings = evaluate(h200)
+    assert [f.status for f in findings] == [Status.FAIL, Status.FAIL]
+    for finding in findings:
+        assert (evidence(finding)["allowed_major"], evidence(finding)["rule"]) == ("509 510", "")
+        assert "add 'lxc.cgroup2.devices.allow: c 238:* rwm'" in finding.fix
+
+
+def test_config_that_is_not_a_file_is_skipped(h200: Sysroot) -> None:
+    # A FIFO would block a reader forever on the live host.
+    h200.path("/etc/pve/lxc").mkdir(parents=True)
+    os.mkfifo(h200.path("/etc/pve/lxc/101.conf"))
+    [finding] = evaluate(h200)
+    assert finding.status is Status.SKIP
+    assert "not a file" in finding.message
+
+
+def test_garbage_proc_devices_and_binary_config_do_not_crash(h200: Sysroot) -> None:
+    h200.write("/proc/devices",
+               b"Character devices:\n\xff\xfe nvidia\n99999999999999999999 nvidia-uvm\n"
+               b"abc nvidia-uvm\n\x00\x00\n238\n\nBlock devices:\n238 nvidia-uvm\n")
+    drop_device_nodes(h200, "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+    h200.write("/etc/pve/lxc/101.conf",
+               b"\x00\xff\xfe\x7fELF\x02\x01\n" + pve_config(STALE).encode()
+               + b"lxc.cgroup2.devices.allow: c \xff:* rwm\nlxc.mount.entry: \x00\n")
+    findings = evaluate(h200)
+    # nvidia-uvm's major is unknown now: those nodes cannot be judged.
+    assert [f.status for f in findings] == [Status.SKIP, Status.SKIP]
+    assert "no 'nvidia-uvm' line" in findings[0].message
+
+
+def test_missing_driver_line_with_a_fixed_major_still_judges(h200: Sysroot) -> None:
+    h200.write("/proc/devices", "Character devices:\n  1 mem\n")
+    drop_device_nodes(h200, "/dev/nvidia0", "/dev/nvidiactl")
+    h200.write("/etc/pve/lxc/101.conf",
+               PVE_HEAD + "lxc.mount.entry: /dev/nvidia0 dev/nvidia0 none bind,create=file\n")
+    [finding] = evaluate(h200)
+    assert finding.status is Status.FAIL
+    assert evidence(finding)["current_major"] == "195"
+    assert evidence(finding)["rule"] == ""
+
+
+def test_missing_fixed_major_rule_names_no_stale_rule(h200: Sysroot) -> None:
+    h200.write("/etc/pve/lxc/101.conf",
+               pve_config(STALE) + "lxc.mount.entry: /dev/dri dev/dri none bind,create=dir\n")
+    dri = [evidence(f) for f in evaluate(h200) if evidence(f)["driver_name"] == "drm"]
+    assert dri
+    for found in dri:
+        assert (found["current_major"], found["allowed_major"], found["rule"]) == ("226", "", "")
+
+
+def capture_with(files: dict[str, str]) -> ArchiveHost:
+    """Return the real capture as a tar host, with files replaced or added."""
+    source = tarfile.open(CAPTURES["h200"])
+    buffer = io.BytesIO()
+    with source, tarfile.open(fileobj=buffer, mode="w") as out:
+        for member in source.getmembers():
+            if "/" + member.name.lstrip("./") in files:
+                continue
+            out.addfile(member, source.extractfile(member) if member.isfile() else None)
+        for path, text in files.items():
+            info = tarfile.TarInfo(path.lstrip("/"))
+            data = text.encode()
+            info.size = len(data)
+            out.addfile(info, io.BytesIO(data))
+    return ArchiveHost(buffer.getvalue(), "h200-planted")
+
+
+def test_device_node_numbers_beat_proc_devices() -> None:
+    # /proc/devices names 250, but the node the container binds is 238:0 in the capture.
+    proc = "Character devices:\n195 nvidia\n195 nvidiactl\n250 nvidia-uvm\n"
+    host = capture_with({"/proc/devices": proc, "/etc/pve/lxc/101.conf": pve_config("250")})
+    by_device = {evidence(f)["device"]: f for f in evaluate(host)}
+    uvm = by_device["/dev/nvidia-uvm"]
+    assert uvm.status is Status.FAIL
+    assert evidence(uvm)["major_source"] == "device node"
+    assert evidence(uvm)["current_major"] == UVM_NOW
+
+
+# -- the CLI and the registry --------------------------------------------------------
+
+
+def run_cli(root: Sysroot, fmt: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-m", "auditor.cli", "local", "--root", str(root.root),
+         "--format", fmt, "--check", "lxc.device_majors"],
+        capture_output=True, text=True, env=env, cwd=cwd or REPO, check=False,
+    )
+
+
+def test_cli_json_names_subject_and_evidence(h200: Sysroot) -> None:
+    h200.write("/etc/pve/lxc/101.conf", pve_config(STALE))
+    result = run_cli(h200, "json")
+    assert result.returncode == 1, result.stderr
+    report = json.loads(result.stdout)
+    failed = [f for f in report["findings"] if f["status"] == "fail"]
+    assert [f["subject"] for f in failed] == ["101", "101"]
+    assert {f["check"] for f in failed} == {"lxc.device_majors"}
+    assert {f["severity"] for f in failed} == {"critical"}
+    uvm = next(f for f in failed if f["evidence"]["device"] == "/dev/nvidia-uvm")
+    assert uvm["evidence"]["config"] == "/etc/pve/lxc/101.conf"
+    assert uvm["evidence"]["rule"] == f"lxc.cgroup2.devices.allow: c {STALE}:* rwm"
+    assert (uvm["evidence"]["allowed_major"], uvm["evidence"]["current_major"]) == (
+        STALE, UVM_NOW)
+
+
+def test_registered_last_and_reads_cover_every_path(h200: Sysroot) -> None:
+    assert load_checks(plugins=False)[-1] is LxcDeviceMajors
+    read: list[str] = []
+
+    class Recording(DirectoryHost):
+        def read_bytes(self, path: str, limit: int = 1 << 20) -> bytes:
+            read.append(path)
+            return super().read_bytes(path, limit)
+
+        def device_numbers(self, path: str) -> tuple[int, int] | None:
+            read.append(path)
+            return super().device_numbers(path)
+
+    h200.write("/etc/pve/nodes/pve1/lxc/101.conf", pve_config(STALE).replace(
+        GPU_MOUNTS, GPU_MOUNTS + "lxc.mount.entry: /dev/nvidia-caps dev/nvidia-caps none "
+        "bind,create=dir\nlxc.mount.entry: /dev/dri dev/dri none bind,create=dir\n"))
+    h200.write("/var/lib/lxc/gpu1/config", plain_config(STALE))
+    list(LxcDeviceMajors().evaluate(Recording(str(h200.root))))
+    assert "/etc/pve/nodes/pve1/lxc/101.conf" in read
+    unread = [p for p in read
+              if not any(fnmatch.fnmatchcase(p, pattern) for pattern in LxcDeviceMajors.reads)]
+    assert unread == []
+
+
+# -- unit tables ---------------------------------------------------------------------
+
+
+def rules(*lines: str) -> list[Rule]:
+    parsed = []
+    for number, line in enumerate(lines, start=1):
+        kind, _, value = line.partition(" ")
+        rule = parse_device_rule(value)
+        assert rule is not None
+        parsed.append(Rule(kind == "allow", rule, ConfigLine(number, line)))
+    return parsed
+
+
+@pytest.mark.parametrize(
+    ("lines", "major", "minor", "expected"),
+    [
+        ((), 238, 0, False),
+        (("allow a",), 238, 0, True),
+        (("allow c 238:* rwm",), 238, 0, True),
+        (("allow c 238:0 rw",), 238, 1, False),
+        (("allow c 238:0 rw",), 238, None, True),
+        (("allow c 238:* r",), 238, 0, False),
+        (("allow c 238:* r", "allow c 238:* w"), 238, 0, False),
+        (("allow b 238:* rwm",), 238, 0, False),
+        (("allow c 238:* rwm", "deny c 238:* rwm"), 238, 0, False),
+        (("allow c 238:* rwm", "deny c 238:0 rwm"), 238, 0, True),  # exact match only
+        (("allow c 238:* rwm", "deny a"), 238, 0, False),
+        (("allow a", "deny c 238:* w"), 238, 0, False),
+        (("allow a", "deny c 238:* w", "allow c 238:* w"), 238, 0, True),
+        (("allow a", "deny c 195:* rwm"), 238, 0, True),
+        (("deny a", "allow c *:* rwm"), 238, 7, True),
+    ],
+)
+def test_allows(lines: tuple[str, ...], major: int, minor: int | None, expected: bool) -> None:
+    assert allows(rules(*lines), major, minor) is expected
+
+
+@pytest.mark.parametrize(
+    ("text", "mode"),
+    [
+        ("0::/\n", "v2"),
+        ("0::/init.scope\n", "v2"),
+        (HYBRID_CGROUP, "v1"),
+        ("12:memory:/\n0::/\n", "unknown"),
+        ("garbage\n", "unknown"),
+        ("", "unknown"),
+        (None, "unknown"),
+    ],
+)
+def test_cgroup_mode(text: str | None, mode: str) -> None:
+    assert cgroup_mode(text) == mode
+
+
+def test_parse_proc_devices_reads_only_the_character_section() -> None:
+    text = (CAPTURES["h200"].parent / "README.md").read_text()  # not /proc/devices at all
+    assert parse_proc_devices(text) == {}
+    majors = parse_proc_devices(
+        "Character devices:\n195 nvidia\n231 infiniband_verbs\n238 nvidia-uvm\n"
+        "244 infiniband_verbs\n\nBlock devices:\n 7 loop\n"
+    )
+    assert majors == {"nvidia": [195], "infiniband_verbs": [231, 244], "nvidia-uvm": [238]}
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("/dev/nvidia0", ("nvidia", 0)),
+        ("/dev/nvidia7", ("nvidia", 7)),
+        ("/dev/nvidiactl", ("nvidiactl", 255)),
+        ("/dev/nvidia-modeset", ("nvidia", 254)),
+        ("/dev/nvidia-uvm", ("nvidia-uvm", 0)),
+        ("/dev/nvidia-uvm-tools", ("nvidia-uvm", 1)),
+        ("/dev/nvidia-caps", ("nvidia-caps", None)),
+        ("/dev/nvidia-caps/nvidia-cap2", ("nvidia-caps", 2)),
+        ("/dev/nvidia-caps-imex-channels/channel0", ("nvidia-caps-imex-channels", 0)),
+        ("/dev/nvidia-nvswitch3", ("nvidia-nvswitch", 3)),
+        ("/dev/nvidia-nvswitchctl", ("nvidia-nvswitch", 255)),
+        ("/dev/dri", ("drm", None)),
+        ("/dev/dri/renderD128", ("drm", 128)),
+        ("/dev/net/tun", None),
+        ("/dev/nvidia0\n", None),
+    ],
+)
+def test_node_driver(path: str, expected: tuple[str, int | None] | None) -> None:
+    assert node_driver(path) == expected
