@@ -29,6 +29,7 @@ from remediations import remediation_reads, remediations
 from remediations.base import (
     AppendLine,
     Context,
+    InsertLine,
     MakeSymlink,
     Remedy,
     ReplaceLine,
@@ -172,6 +173,8 @@ def _resolve(host: Host, step: Step) -> Step:
         if isinstance(step, ReplaceLine):
             return dataclasses.replace(step, path=host.resolve(step.path))
         if isinstance(step, AppendLine):
+            return dataclasses.replace(step, path=host.resolve(step.path))
+        if isinstance(step, InsertLine):
             return dataclasses.replace(step, path=host.resolve(step.path))
     except OSError:
         pass

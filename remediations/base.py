@@ -62,6 +62,17 @@ class ReplaceLine:
 
 
 @dataclass(frozen=True)
+class InsertLine:
+    """Insert ``text`` after line ``after`` (0: at the top) while that line reads ``anchor``."""
+
+    kind: ClassVar[str] = "insert_line"
+    path: str
+    after: int
+    anchor: str
+    text: str
+
+
+@dataclass(frozen=True)
 class AppendLine:
     """Append ``text`` as a line to a file unless a line already reads exactly that."""
 
@@ -95,7 +106,8 @@ class RunCommand:
     optional: bool = False
 
 
-Step = SetValue | SetPciBits | WriteFile | ReplaceLine | AppendLine | MakeSymlink | RunCommand
+Step = (SetValue | SetPciBits | WriteFile | ReplaceLine | InsertLine | AppendLine | MakeSymlink
+        | RunCommand)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,16 @@ from collections.abc import Sequence
 
 from auditor.hosts.base import Host
 from auditor.model import Finding
-from remediations.base import Context, MakeSymlink, Remedy, RunCommand, SetValue, Step, WriteFile
+from remediations.base import (
+    Advice,
+    Context,
+    MakeSymlink,
+    Remedy,
+    RunCommand,
+    SetValue,
+    Step,
+    WriteFile,
+)
 from remediations.base import evidence as evidence_of
 
 CPUFREQ = "/sys/devices/system/cpu/cpufreq"
@@ -48,6 +57,45 @@ WantedBy=multi-user.target
 """
 
 
+_BOOST_FILES = {
+    "/sys/devices/system/cpu/cpufreq/boost": "1",
+    "/sys/devices/system/cpu/intel_pstate/no_turbo": "0",
+}
+
+
+def _other(host: Host, finding: Finding, ev: dict[str, str]) -> Remedy | None:
+    """Return the remedy for a boost, max-frequency cap or daemon finding, or None."""
+    if finding.subject == "boost" and ev.get("source") in _BOOST_FILES:
+        source = ev["source"]
+        return Remedy(
+            check="cpu.governor", subject="boost", title="turn boost on",
+            runtime=(SetValue(source, _BOOST_FILES[source]),) if host.exists(source) else (),
+            notes=("boost can also be off in the firmware setup: check it there too",),
+        )
+    if finding.subject.startswith("max-freq:"):
+        hw_max = ev.get("cpuinfo_max_freq", "")
+        if not hw_max.isdigit():
+            return None
+        steps: list[Step] = []
+        for policy in ev.get("policies", "").split():
+            path = f"{CPUFREQ}/{policy}/scaling_max_freq"
+            if _POLICY.fullmatch(policy) and host.exists(path):
+                steps.append(SetValue(path, hw_max))
+        return Remedy(
+            check="cpu.governor", subject=finding.subject,
+            title=f"lift the scaling_max_freq cap to {hw_max} kHz", runtime=tuple(steps),
+            notes=("whatever set the cap (a daemon, a power profile) sets it again at boot",),
+        )
+    if "daemon" in ev:
+        return Remedy(
+            check="cpu.governor", subject=finding.subject,
+            title=f"{ev['daemon']} manages the governor",
+            advice=(Advice(f"make {ev['daemon']} choose performance, or stop it: "
+                           f"{finding.fix}"),),
+        )
+    return None
+
+
 def remediate(host: Host, findings: Sequence[Finding], context: Context) -> list[Remedy]:
     """Write performance to each policy's governor (EPP first), and persist it."""
     remedies: list[Remedy] = []
@@ -55,6 +103,11 @@ def remediate(host: Host, findings: Sequence[Finding], context: Context) -> list
     need_unit = False
     for finding in findings:
         ev = evidence_of(finding)
+        if "governor" not in ev:
+            extra = _other(host, finding, ev)
+            if extra is not None:
+                remedies.append(extra)
+            continue
         driver = ev.get("driver", "")
         available = ev.get("available_governors", "").split()
         notes: list[str] = []
@@ -95,7 +148,7 @@ def remediate(host: Host, findings: Sequence[Finding], context: Context) -> list
             runtime=tuple(steps),
             notes=tuple(notes),
         ))
-    if not remedies:
+    if not params and not need_unit:
         return remedies
     running = host.processes()
     daemons = sorted(d for d in REVERTING_DAEMONS if running is not None and d in running)

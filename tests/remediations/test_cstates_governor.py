@@ -101,3 +101,21 @@ def test_bash_n_on_every_rendering(h200: Sysroot, tmp_path: Path) -> None:
     plan = plan_for(h200, report_of(findings))
     write_scripts(dataclasses.replace(plan, root=""), tmp_path)
     subprocess.run(["bash", "-n", str(tmp_path / "fix.sh")], check=True)
+
+
+@needs_root
+def test_boost_and_max_freq_cap_lifted_with_the_real_check(h200: Sysroot, tmp_path: Path) -> None:
+    from auditor.model import Status
+    from tests.fixkit import audit_root, require_check, statuses
+
+    require_check("cpu.governor")
+    plant_cpufreq(h200)
+    h200.write("/sys/devices/system/cpu/cpufreq/boost", "0\n")
+    for n in range(4):
+        h200.write(f"{CPUFREQ}/policy{n}/scaling_max_freq", "2000000\n")
+    assert Status.WARN in statuses(audit_root(h200), "cpu.governor")
+    _, fix, rollback, copy, before = fix_cycle(h200, tmp_path)
+    assert (copy / "sys/devices/system/cpu/cpufreq/boost").read_text() == "1\n"
+    assert (copy / CPUFREQ.lstrip("/") / "policy2/scaling_max_freq").read_text() == "3800000\n"
+    assert statuses(audit_root(copy), "cpu.governor") == {Status.PASS}
+    assert_idempotent_and_reversible(fix, rollback, copy, before)

@@ -69,3 +69,22 @@ def test_upgrade_commands_per_distribution() -> None:
                            ) == ("dnf", "install", "kernel")
     assert upgrade_command("6.1.0", "6.8", {"ID": "debian", "VERSION_CODENAME": "x; rm -rf"}
                            ) == ()
+
+
+@needs_root
+def test_missing_rule_is_added_to_the_main_section_with_the_real_check(
+    h200: Sysroot, tmp_path: Path
+) -> None:
+    from auditor.model import Status
+    from tests.fixkit import audit_root, require_check, statuses
+
+    require_check("lxc.device_majors")
+    config = LXC_CONFIG.replace("lxc.cgroup2.devices.allow: c 509:* rwm\n", "", 1)
+    h200.write("/etc/pve/lxc/101.conf", config)
+    assert statuses(audit_root(h200), "lxc.device_majors") == {Status.FAIL}
+    _, fix, rollback, copy, before = fix_cycle(h200, tmp_path)
+    main, _, snapshot = (copy / "etc/pve/lxc/101.conf").read_text().partition("\n[")
+    assert "lxc.cgroup2.devices.allow: c 238:* rwm" in main
+    assert snapshot == config.partition("\n[")[2]
+    assert statuses(audit_root(copy), "lxc.device_majors") <= {Status.PASS, Status.SKIP}
+    assert_idempotent_and_reversible(fix, rollback, copy, before)
