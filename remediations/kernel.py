@@ -62,8 +62,11 @@ def remediate(host: Host, findings: Sequence[Finding], context: Context) -> list
             newer = ev.get("installed_newer", "")
             if newer:
                 advice.append(Advice(f"kernel {newer} is installed already: reboot into it"))
+            enough = bool(newer) and version_tuple(newer) >= version_tuple(minimum)
             command = upgrade_command(running, minimum, context.os_release, arch)
-            if command:
+            if enough:
+                pass
+            elif command:
                 advice.append(Advice(f"install a kernel >= {minimum}, then reboot", command))
             else:
                 advice.append(Advice(f"install a kernel >= {minimum} with this distribution's "

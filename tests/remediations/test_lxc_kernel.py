@@ -88,3 +88,13 @@ def test_missing_rule_is_added_to_the_main_section_with_the_real_check(
     assert snapshot == config.partition("\n[")[2]
     assert statuses(audit_root(copy), "lxc.device_majors") <= {Status.PASS, Status.SKIP}
     assert_idempotent_and_reversible(fix, rollback, copy, before)
+
+
+def test_pending_reboot_into_a_new_enough_kernel_is_advised_alone(h200: Sysroot) -> None:
+    from dataclasses import replace
+
+    [finding] = plant_old_kernel(h200)
+    pending = replace(finding, evidence=(*finding.evidence, ("installed_newer", "6.12.9-amd64")))
+    [section] = plan_for(h200, report_of([pending])).sections
+    assert [a.argv for a in section.remedy.advice] == [()]
+    assert "reboot into it" in section.remedy.advice[0].text

@@ -37,3 +37,15 @@ def test_a_subject_that_is_not_an_address_gets_no_step(h200: Sysroot) -> None:
     [finding] = plant_mrrs(h200)
     bad = replace(finding, subject="$(touch /tmp/x)")
     assert not plan_for(h200, report_of([bad])).actions
+
+
+def test_a_downtrained_link_warning_gets_no_step(h200: Sysroot) -> None:
+    from dataclasses import replace
+
+    from auditor.model import Status
+    from tests.fixkit import plan_for
+
+    [finding] = plant_mrrs(h200)
+    link = replace(finding, status=Status.WARN,
+                   evidence=(*finding.evidence, ("problem", "link")))
+    assert not plan_for(h200, report_of([link])).actions
