@@ -91,10 +91,15 @@ def write_scripts(plan: FixPlan, where: Path) -> tuple[Path, Path]:
     return fix, rollback
 
 
-def run(script: Path, *args: str | Path) -> subprocess.CompletedProcess[str]:
+def run(script: Path, *args: str | Path, cwd: Path | None = None
+        ) -> subprocess.CompletedProcess[str]:
     """Run a script with bash; return the finished process (output captured)."""
     return subprocess.run(["bash", str(script), *map(str, args)], capture_output=True,
-                          text=True, check=False, timeout=60)
+                          text=True, check=False, timeout=60, cwd=cwd)
+
+
+#: A file-name-safe payload (no slash): run in a directory, it leaves a marker there.
+EVIL = "$(touch pwned-marker)`touch pwned-marker`"
 
 
 def statuses(report: Report, check: str) -> set[Status]:

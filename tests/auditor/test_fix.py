@@ -15,6 +15,7 @@ from auditor.model import Status
 from remediations.base import Remedy, WriteFile
 from tests.conftest import Sysroot
 from tests.fixkit import (
+    EVIL,
     assert_idempotent_and_reversible,
     audit_root,
     copy_tree,
@@ -82,27 +83,35 @@ def test_numa_fixed_end_to_end_with_the_real_check(h200: Sysroot, tmp_path: Path
 
 @needs_root
 def test_hostile_sysroot_runs_nothing_it_should_not(h200: Sysroot, tmp_path: Path) -> None:
-    marker = tmp_path / "pwned-marker"
-    evil = f"$(touch {marker})`touch {marker}`"
     plant_all(h200)
-    h200.write(f"/etc/pve/lxc/102\n{evil}.conf", h200.read("/etc/pve/lxc/101.conf"))
-    h200.write(f"/var/lib/lxc/{evil}\nx/config",
-               h200.read("/etc/pve/lxc/101.conf").replace(": ", " = "))
-    h200.symlink(f"/sys/bus/pci/devices/{evil}", f"../../../devices/pci0000:00/{GPU}")
+    config = h200.read("/etc/pve/lxc/101.conf")
+    h200.write(f"/etc/pve/lxc/102\n{EVIL}.conf", config)
+    h200.write(f"/etc/pve/lxc/103{EVIL}'.conf", config)
+    h200.write(f"/var/lib/lxc/web{EVIL}\nx/config", config.replace(": ", " = "))
+    h200.symlink(f"/sys/bus/pci/devices/{EVIL}", f"../../../devices/pci0000:00/{GPU}")
     h200.symlink("/sys/bus/pci/devices/not-an-address", f"../../../devices/pci0000:00/{GPU}")
     devices = h200.path("/proc/devices").read_bytes()
-    h200.write("/proc/devices", devices + b"\xff\xfe garbage\n509 " + evil.encode() +
+    h200.write("/proc/devices", devices + b"\xff\xfe garbage\n509 " + EVIL.encode() +
                b"\nnot-a-number nvidia-uvm\n\x00\x01\n")
-    h200.write("/proc/sys/kernel/hostname", "gpu-h200-vm\n")
-    plan = plan_for(h200)
+    report = audit_root(h200)
+    plan = plan_for(h200, report)
+    if has_check("lxc.device_majors"):
+        hostile = [s for s in plan.sections if "pwned" in s.remedy.subject]
+        assert len(hostile) == 3, plan.summary()  # the hostile configs are fixed too
+    work = tmp_path / "work"
+    work.mkdir()
     fix, rollback = write_scripts(plan, tmp_path)  # bash -n and shellcheck pass
     copy = copy_tree(h200.root, tmp_path / "copy")
     before = tree_hash(copy)
-    run(fix, copy)
-    run(fix, copy)
-    run(rollback, copy)
-    assert not marker.exists()
+    assert run(fix, copy, cwd=work).returncode == 0
+    if has_check("lxc.device_majors"):
+        fixed = (copy / f"etc/pve/lxc/102\n{EVIL}.conf").read_text()
+        assert "c 238:* rwm" in fixed
+    assert run(fix, copy, cwd=work).returncode == 0
+    assert run(rollback, copy, cwd=work).returncode == 0
     assert tree_hash(copy) == before
+    assert list(work.iterdir()) == []
+    assert not list(copy.rglob("pwned-marker"))
 
 
 @needs_root

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from tests.conftest import Sysroot
 from tests.fixkit import (
+    EVIL,
     assert_idempotent_and_reversible,
     copy_tree,
     fix_cycle,
@@ -34,13 +35,20 @@ def test_stale_major_rewritten_in_main_section_only(h200: Sysroot, tmp_path: Pat
 
 @needs_root
 def test_hostile_config_name_runs_nothing(h200: Sysroot, tmp_path: Path) -> None:
-    marker = tmp_path / "pwned-lxc"
-    name = f"/etc/pve/lxc/1\n$(touch {marker})`touch {marker}`'.conf"
-    findings = plant_lxc(h200, path=name, container=f"1$(touch {marker})")
-    _, fix, rollback, copy, before = fix_cycle(h200, tmp_path, report_of(findings))
+    name = f"/etc/pve/lxc/1\n{EVIL}'.conf"
+    findings = plant_lxc(h200, path=name, container=f"1{EVIL}")
+    work = tmp_path / "work"
+    work.mkdir()
+    plan = plan_for(h200, report_of(findings))
+    fix, rollback = write_scripts(plan, tmp_path)
+    copy = copy_tree(h200.root, tmp_path / "copy")
+    before = tree_hash(copy)
+    assert run(fix, copy, cwd=work).returncode == 0
     assert (copy / name.lstrip("/")).read_text() == LXC_CONFIG.replace("509", "238", 1)
-    assert_idempotent_and_reversible(fix, rollback, copy, before)
-    assert not marker.exists()
+    assert run(fix, copy, cwd=work).returncode == 0
+    assert run(rollback, copy, cwd=work).returncode == 0
+    assert tree_hash(copy) == before
+    assert list(work.iterdir()) == []
 
 
 def test_kernel_upgrade_is_commented_out_and_needs_reboot(h200: Sysroot, tmp_path: Path) -> None:
