@@ -218,3 +218,43 @@ def test_cli_refuses_a_tar_capture_for_a_fix(
     assert code == 2
     assert "unpack the capture" in capsys.readouterr().err
     assert not (tmp_path / "fix.sh").exists()
+
+
+@pytest.mark.root
+@needs_root
+def test_live_script_on_this_machine_fixes_and_rolls_back_a_file(tmp_path: Path) -> None:
+    from remediations.base import RunCommand
+
+    hostname = Path("/proc/sys/kernel/hostname").read_text().strip()
+    machine_id = Path("/etc/machine-id").read_text().strip() if Path(
+        "/etc/machine-id").exists() else ""
+    target = tmp_path / "etc" / "conf.d" / "x.conf"
+    steps = (WriteFile(str(target), "a = 1\n"),
+             RunCommand(("touch", str(tmp_path / "ran")), after=(0,),
+                        undo=("touch", str(tmp_path / "undone"))))
+    fix_id = f"test-{os.getpid()}"
+    plan = FixPlan(
+        host=hostname, target="local", hostname=hostname, machine_id=machine_id, root="",
+        fix_id=fix_id, created="",
+        sections=(Section(Remedy("t.t", "s", "write a file", persistent=steps),
+                          (Action("s001", "persistent", steps[0]),
+                           Action("s002", "persistent", steps[1], after=("s001",)))),),
+    )
+    fix, rollback = write_scripts(plan, tmp_path)
+    state = Path("/var/lib/host-auditor") / fix_id
+    existed = Path("/var/lib/host-auditor").exists()
+    try:
+        result = run(fix)
+        assert result.returncode == 0, result.stderr
+        assert target.read_text() == "a = 1\n" and (tmp_path / "ran").exists()
+        (tmp_path / "ran").unlink()
+        assert run(fix).returncode == 0
+        assert not (tmp_path / "ran").exists()  # nothing changed, so the command did not run
+        assert run(rollback).returncode == 0
+        assert not target.exists() and not (tmp_path / "etc").exists()
+        assert (tmp_path / "undone").exists()
+        assert not state.exists()
+        assert Path("/var/lib/host-auditor").exists() == existed
+    finally:
+        if state.exists():
+            run(rollback)
