@@ -14,6 +14,7 @@ import dataclasses
 import datetime as dt
 import hashlib
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -440,6 +441,6 @@ def fix_local(
         print(f"audit: error: the fix script exited {result.script.returncode}",
               file=sys.stderr)
         return result.after, 1
-    print(f"rollback: {rollback_path or 'bash ' + (plan.root or '') + '/var/lib/host-auditor/'}"
-          f"{'' if rollback_path else plan.fix_id + '/rollback.sh'}", file=sys.stderr)
+    kept = f"{plan.root}/var/lib/host-auditor/{plan.fix_id}/rollback.sh"
+    print(f"undo with: bash {shlex.quote(rollback_path or kept)}", file=sys.stderr)
     return result.after, 0

@@ -163,12 +163,15 @@ def remediate(host: Host, findings: Sequence[Finding], context: Context) -> list
             RunCommand(("systemctl", "daemon-reload"), after=(0,),
                        undo=("systemctl", "daemon-reload"), optional=True),
         ]
+    how = [f"{' '.join(dict.fromkeys(params))} on the boot command line"] if params else []
+    if need_unit:
+        how.append(f"the {UNIT_NAME} unit")
     remedies.append(Remedy(
         check="cpu.governor",
         subject="boot",
         title="keep the performance governor across reboots",
         persistent=tuple(persistent),
         boot_params=tuple(dict.fromkeys(params)),
-        notes=(warning,),
+        notes=(f"persisted by {' and '.join(how)}", warning),
     ))
     return remedies
