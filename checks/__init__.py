@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from auditor.check import Check
+from checks.kernel_version import KernelVersion
 from checks.numa_balancing import NumaBalancing
 from checks.pcie_mrrs import PcieMrrs
 
 #: The built-in checks in report order; plug-ins come after them.
 BUILTIN_CHECKS: list[type[Check]] = [
     NumaBalancing,
+    KernelVersion,
     PcieMrrs,
 ]
