@@ -167,8 +167,8 @@ class PcieMrrs(Check):
             target=str(target),
         )
         link = f"link {speed} x{cap.link_width} (max {max_speed} x{cap.max_link_width})"
-        observed = f"MaxReadReq {cap.mrrs} bytes"
-        expected = f"MaxReadReq >= {target} bytes"
+        # Bare byte counts, as the README's JSON contract shows them.
+        observed, expected = str(cap.mrrs), str(target)
         if cap.mrrs_code > _MAX_MRRS_CODE or cap.mrrs < target:
             reserved = " (a reserved encoding)" if cap.mrrs_code > _MAX_MRRS_CODE else ""
             verdict = self.failed(
