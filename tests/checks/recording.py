@@ -1,0 +1,59 @@
+"""A sysroot host that records the paths a check asks for, to test its ``reads`` contract."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable
+
+from auditor.hosts import DirectoryHost
+
+
+class RecordingHost(DirectoryHost):
+    """A sysroot host that records every path a check reads, lists or follows."""
+
+    def __init__(self, root: str) -> None:
+        self.asked: set[str] = set()
+        super().__init__(root)
+        self.asked.clear()
+
+    def read_bytes(self, path: str, limit: int = 1 << 20) -> bytes:
+        self.asked.add(path)
+        return super().read_bytes(path, limit)
+
+    def listdir(self, path: str) -> list[str]:
+        self.asked.add(path)
+        return super().listdir(path)
+
+    def readlink(self, path: str) -> str | None:
+        self.asked.add(path)
+        return super().readlink(path)
+
+    def glob(self, pattern: str) -> list[str]:
+        self.asked.add(pattern)
+        return super().glob(pattern)
+
+
+def matches_pattern(path: str, pattern: str) -> bool:
+    """Return whether a path matches a ``reads`` pattern, component by component."""
+    parts, wanted = path.strip("/").split("/"), pattern.strip("/").split("/")
+    return len(parts) == len(wanted) and all(
+        fnmatch.fnmatchcase(p, w) for p, w in zip(parts, wanted, strict=True)
+    )
+
+
+def undeclared(asked: Iterable[str], reads: Iterable[str]) -> list[str]:
+    """Return the paths asked for that no ``reads`` pattern covers.
+
+    A path the check listed (a directory) counts as covered when a pattern names an
+    entry below it: fetching ``/dir/*`` fetches the listing of ``/dir``.
+    """
+    patterns = list(reads)
+    missing = []
+    for path in sorted(set(asked)):
+        covered = any(
+            matches_pattern(path, p) or matches_pattern(path + "/x", p.rsplit("/", 1)[0] + "/*")
+            for p in patterns
+        )
+        if not covered:
+            missing.append(path)
+    return missing
