@@ -346,21 +346,22 @@ def apply(
 
 
 def compare(before: Report, after: Report) -> str:
-    """Return a table of every finding whose status differs between two audits."""
-    old = {(f.check, f.subject): f for f in before.findings}
-    new = {(f.check, f.subject): f for f in after.findings}
-    rows: list[tuple[str, str, str, str]] = []
-    for key in dict.fromkeys([*old, *new]):
-        was, now = old.get(key), new.get(key)
-        was_s = was.status.value if was else "-"
-        now_s = now.status.value if now else "-"
-        if was_s != now_s or (was and was.status in FIXABLE):
-            rows.append((key[0], key[1], was_s, now_s))
-    if not rows:
-        return "before -> after: no finding changed\n"
-    width = max(len(f"{c} {s}") for c, s, _, _ in rows)
+    """Return each check's worst status before and after, naming subjects still at fault."""
+    from auditor.model import worst
+
+    checks = list(dict.fromkeys([r.check for r in before.results]
+                                + [r.check for r in after.results]))
+    if not checks:
+        return "before -> after: no checks ran\n"
+    width = max(len(c) for c in checks)
     lines = ["before -> after:"]
-    lines += [f"  {f'{c} {s}'.ljust(width)}  {b:>5} -> {a}" for c, s, b, a in rows]
+    for check in checks:
+        was = worst(f.status for f in before.findings if f.check == check).value
+        now_findings = [f for f in after.findings if f.check == check]
+        now = worst(f.status for f in now_findings).value
+        left = [f.subject for f in now_findings if f.status in (*FIXABLE, Status.ERROR)]
+        still = f"  ({', '.join(left)})" if left else ""
+        lines.append(f"  {check.ljust(width)}  {was:>5} -> {now}{still}")
     return "\n".join(lines) + "\n"
 
 
