@@ -129,3 +129,15 @@ def test_symlink_leading_out_of_the_sysroot_is_refused(h200: Sysroot, tmp_path: 
     assert result.returncode == 2 and "leads outside the sysroot" in result.stderr
     assert (outside / "50-numa.conf").read_text() == "kernel.numa_balancing = 1\n"
     assert (copy / "proc/sys/kernel/numa_balancing").read_text() == "1\n"  # nothing changed
+
+
+@needs_root
+def test_setting_after_blank_lines_is_found_on_its_own_line(h200: Sysroot, tmp_path: Path
+                                                           ) -> None:
+    plant(h200)
+    h200.write("/etc/sysctl.d/50-numa.conf", "\n\n# numa\nkernel.numa_balancing=1\n")
+    _, fix, rollback, copy, before = fix_cycle(h200, tmp_path)
+    assert (copy / "etc/sysctl.d/50-numa.conf").read_text() == (
+        "\n\n# numa\nkernel.numa_balancing=0\n")
+    assert statuses(audit_root(copy), "numa.balancing") == {Status.PASS}
+    assert_idempotent_and_reversible(fix, rollback, copy, before)
