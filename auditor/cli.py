@@ -146,6 +146,18 @@ def local_command(
     policy: PolicyOpt = None,
     profile: ProfileOpt = None,
     debug: DebugOpt = False,
+    fix_script: Annotated[
+        str | None, typer.Option("--fix-script", help="Write a bash script that fixes the "
+                                 "findings (a dry run: nothing changes).", metavar="FILE")
+    ] = None,
+    rollback_script: Annotated[
+        str | None, typer.Option("--rollback-script", help="Write the script that undoes the "
+                                 "fix (default: FILE.rollback.sh beside --fix-script).",
+                                 metavar="FILE")
+    ] = None,
+    apply: Annotated[bool, typer.Option("--apply", help="Run the fix, then audit again and "
+                                        "show before and after.")] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Apply without asking.")] = False,
 ) -> None:
     """Audit this machine, or a captured sysroot with --root."""
     options = AuditOptions(fmt, output, tuple(check or ()), tuple(skip or ()), fail_on,
@@ -156,13 +168,23 @@ def local_command(
 
         checks, loaded = prepare(options)
         host = open_sysroot(root) if root is not None else LocalHost()
+        fix_code = EXIT_OK
         with host:
             report = audit(host, checks, loaded, debug=debug)
+            if fix_script or rollback_script or apply:
+                from auditor.fix import LocalFixRequest, fix_local
+
+                report, fix_code = fix_local(
+                    host, report, checks, loaded,
+                    LocalFixRequest(root, fix_script, rollback_script, apply, yes),
+                    reopen=lambda: open_sysroot(root) if root is not None else LocalHost(),
+                    debug=debug,
+                )
     except AuditorError as exc:
         if debug:
             raise
         fatal(str(exc), exc.exit_code)
-    raise typer.Exit(emit([report], options))
+    raise typer.Exit(max(emit([report], options), fix_code))
 
 
 @app.command("checks")

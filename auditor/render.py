@@ -56,6 +56,14 @@ def shell_quote(value: Any) -> str:
     return shlex.quote(str(value))
 
 
+_COMMENT_UNSAFE = re.compile("[\x00-\x1f\x7f\u2028\u2029]")
+
+
+def shell_comment(value: Any) -> ShellLiteral:
+    """Flatten a value to one line of printable text, safe after ``#`` in a script."""
+    return ShellLiteral(_COMMENT_UNSAFE.sub("?", " ".join(str(value).split())))
+
+
 def _shell_finalize(value: Any) -> str:
     # Every expression in a shell template is quoted unless marked with |literal.
     return shell_quote(value)
@@ -104,6 +112,7 @@ def make_environment(kind: Kind = "text", colour: bool = False) -> jinja2.Enviro
     )
     env.filters["literal"] = ShellLiteral
     env.filters["quote"] = lambda value: ShellLiteral(shell_quote(value))
+    env.filters["comment"] = shell_comment
     env.filters["one_line"] = one_line
     env.filters["md"] = lambda text: (
         one_line(text).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")

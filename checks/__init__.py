@@ -5,6 +5,7 @@ from __future__ import annotations
 from auditor.check import Check
 from checks.cpu_cstates import CpuCstates
 from checks.cpu_governor import CpuGovernor
+from checks.kernel_version import KernelVersion
 from checks.lxc_device_majors import LxcDeviceMajors
 from checks.numa_balancing import NumaBalancing
 from checks.pcie_mrrs import PcieMrrs
@@ -14,6 +15,7 @@ BUILTIN_CHECKS: list[type[Check]] = [
     CpuGovernor,
     CpuCstates,
     NumaBalancing,
+    KernelVersion,
     PcieMrrs,
     LxcDeviceMajors,
 ]

@@ -94,14 +94,15 @@ class PcieMrrs(Check):
         findings: list[Finding] = []
         candidates = not_pcie = not_endpoint = 0
         for address in pci.pci_addresses(host):
-            config = pci.read_config(host, address)
-            class_code = pci.device_class(host, address, config)
+            # The sysfs class file first: config space is read only for the devices judged.
+            class_code = pci.device_class(host, address)
             if class_code is None or not is_judged_class(class_code):
                 continue
             if pci.is_virtual_function(host, address):
                 # A VF's MaxReadReq field is reserved: its physical function's value applies.
                 continue
             candidates += 1
+            config = pci.read_config(host, address)
             judged = self._judge_device(host, address, class_code, config, target)
             if isinstance(judged, list):
                 findings.extend(judged)
@@ -167,8 +168,8 @@ class PcieMrrs(Check):
             target=str(target),
         )
         link = f"link {speed} x{cap.link_width} (max {max_speed} x{cap.max_link_width})"
-        observed = f"MaxReadReq {cap.mrrs} bytes"
-        expected = f"MaxReadReq >= {target} bytes"
+        # Bare byte counts, as the README's JSON contract shows them.
+        observed, expected = str(cap.mrrs), str(target)
         if cap.mrrs_code > _MAX_MRRS_CODE or cap.mrrs < target:
             reserved = " (a reserved encoding)" if cap.mrrs_code > _MAX_MRRS_CODE else ""
             verdict = self.failed(

@@ -567,6 +567,7 @@ def test_cli_json_reports_the_planted_failure(
     assert finding["status"] == "fail" and finding["severity"] == "high"
     assert finding["subject"] == GPU
     assert finding["evidence"]["mrrs"] == "512"
+    assert (finding["observed"], finding["expected"]) == ("512", "4096")
     assert finding["evidence"]["cap_offset"] == "0x60"
     for key in ("class", "mps", "link_speed", "link_width", "max_link_speed",
                 "max_link_width", "driver"):

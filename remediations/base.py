@@ -1,0 +1,186 @@
+"""The remedy model: fix steps as structured values, never pre-formatted shell.
+
+A remediation module turns the findings of one check into :class:`Remedy`
+values. Each step is a frozen dataclass naming what to change (a kernel value,
+a PCI register, a file, a line of a file); the fix and rollback templates turn
+them into shell, quoting every value. Every step kind has a fixed inverse the
+rollback performs from what the fix recorded before changing anything.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+from auditor.hosts.base import Host
+from auditor.model import Finding
+
+
+@dataclass(frozen=True)
+class SetValue:
+    """Write a value to a kernel file (sysfs, /proc/sys); the old bytes are recorded first."""
+
+    kind: ClassVar[str] = "set_value"
+    path: str
+    value: str
+    #: On a live host, write it with ``sysctl -w KEY=VALUE`` instead of the file.
+    sysctl: str = ""
+
+
+@dataclass(frozen=True)
+class SetPciBits:
+    """Read-modify-write some bits of a PCI config register with setpci, then read back."""
+
+    kind: ClassVar[str] = "set_pci_bits"
+    address: str
+    register: str
+    value: str
+    mask: str
+
+
+@dataclass(frozen=True)
+class WriteFile:
+    """Make a file hold exactly ``content`` (created with ``mode`` if missing)."""
+
+    kind: ClassVar[str] = "write_file"
+    path: str
+    content: str
+    mode: str = "0644"
+
+
+@dataclass(frozen=True)
+class ReplaceLine:
+    """Replace line ``line`` of a file, only while it still reads exactly ``old``."""
+
+    kind: ClassVar[str] = "replace_line"
+    path: str
+    line: int
+    old: str
+    new: str
+
+
+@dataclass(frozen=True)
+class InsertLine:
+    """Insert ``text`` after line ``after`` (0: at the top) while that line reads ``anchor``."""
+
+    kind: ClassVar[str] = "insert_line"
+    path: str
+    after: int
+    anchor: str
+    text: str
+
+
+@dataclass(frozen=True)
+class AppendLine:
+    """Append ``text`` as a line to a file unless a line already reads exactly that."""
+
+    kind: ClassVar[str] = "append_line"
+    path: str
+    text: str
+
+
+@dataclass(frozen=True)
+class MakeSymlink:
+    """Create a symlink (enabling a systemd unit) unless it already points there."""
+
+    kind: ClassVar[str] = "make_symlink"
+    path: str
+    target: str
+
+
+@dataclass(frozen=True)
+class RunCommand:
+    """Run a command on a live host after some steps changed something (never on a sysroot).
+
+    ``after`` names steps by their index in the same remedy's persistent steps;
+    ``undo`` runs in the rollback after those steps were restored.
+    """
+
+    kind: ClassVar[str] = "run_command"
+    argv: tuple[str, ...]
+    after: tuple[int, ...] = ()
+    undo: tuple[str, ...] = ()
+    #: Skip with a note where the command is not installed, instead of failing.
+    optional: bool = False
+
+
+Step = (SetValue | SetPciBits | WriteFile | ReplaceLine | InsertLine | AppendLine | MakeSymlink
+        | RunCommand)
+
+
+@dataclass(frozen=True)
+class Advice:
+    """A command the operator runs by hand (written commented out), with why."""
+
+    text: str
+    argv: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Remedy:
+    """How to fix one problem: now, across reboots, and how to undo it."""
+
+    check: str
+    subject: str
+    title: str
+    runtime: tuple[Step, ...] = ()
+    persistent: tuple[Step, ...] = ()
+    #: Kernel parameters (``key=value``) the boot command line must carry; the
+    #: plan merges them from every remedy into one edit of the boot configuration.
+    boot_params: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    advice: tuple[Advice, ...] = ()
+    reboot: bool = False
+
+    @property
+    def rollback(self) -> tuple[Step, ...]:
+        """Return the steps the rollback undoes, in the order it undoes them."""
+        return tuple(reversed((*self.runtime, *self.persistent)))
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a remediation knows besides its findings."""
+
+    #: True when the target is a sysroot directory, not a booted machine.
+    sysroot: bool
+    #: The check's policy options (thresholds), as the audit used them.
+    options: Mapping[str, Any] = field(default_factory=dict)
+    os_release: Mapping[str, str] = field(default_factory=dict)
+
+
+class Remediation(Protocol):
+    """A module's entry point: the remedies for one check's problem findings."""
+
+    def __call__(
+        self, host: Host, findings: Sequence[Finding], context: Context
+    ) -> list[Remedy]: ...
+
+
+def evidence(finding: Finding) -> dict[str, str]:
+    """Return a finding's evidence as a dict."""
+    return dict(finding.evidence)
+
+
+def parse_os_release(text: str) -> dict[str, str]:
+    """Parse os-release ``KEY=value`` lines, unquoting values."""
+    values: dict[str, str] = {}
+    for raw in text.splitlines():
+        key, sep, value = raw.strip().partition("=")
+        if not sep or not re.fullmatch(r"[A-Z0-9_]+", key):
+            continue
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+            value = value[1:-1]
+        values[key] = value
+    return values
+
+
+_SAFE_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:+-]*")
+
+
+def safe_word(text: str) -> bool:
+    """Return whether ``text`` is a plain word (a version, a codename, a device id)."""
+    return bool(_SAFE_WORD.fullmatch(text))

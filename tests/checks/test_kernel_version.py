@@ -1,0 +1,304 @@
+"""kernel.version against the real captures, with kernels and drivers planted in copies."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from auditor.cli import main
+from auditor.hosts import DirectoryHost
+from auditor.model import Finding, Status
+from checks.kernel_version import (
+    KernelVersion,
+    installed_kernels,
+    is_blackwell,
+    newest_installed,
+    nvidia_driver,
+)
+from tests.checks.recording import RecordingHost, undeclared
+from tests.conftest import Sysroot
+
+GPU_DIR = "/sys/devices/pci0000:00/0000:00:06.0"
+OPEN_580 = (
+    "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build"
+    "  (nixbld@)  \nGCC version:  gcc version 15.3.0 (GCC) \n"
+)
+PROPRIETARY_550 = (
+    "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.14  Thu Feb 22 01:44:30 UTC 2024\n"
+    "GCC version:  gcc version 12.3.0 (Ubuntu 12.3.0-1ubuntu1~22.04)\n"
+)
+
+
+def run(root: Sysroot, **options: str) -> dict[str, Finding]:
+    findings = list(KernelVersion(options).evaluate(DirectoryHost(str(root.root))))
+    assert [f.subject for f in findings] == ["kernel", "nvidia-driver"]
+    return {f.subject: f for f in findings}
+
+
+def install(root: Sysroot, *releases: str, where: str = "/boot/vmlinuz-{}") -> None:
+    for release in releases:
+        path = where.format(release)
+        if "/modules/" in where:
+            root.path(path).mkdir(parents=True, exist_ok=True)
+        else:
+            root.write(path, b"\x7fELF kernel image")
+
+
+def make_blackwell(root: Sysroot, device_id: str = "0x2901") -> None:
+    root.write(f"{GPU_DIR}/device", f"{device_id}\n")
+
+
+# -- the running kernel ------------------------------------------------------------------
+
+
+def test_h200_capture_passes_both_subjects(h200: Sysroot) -> None:
+    found = run(h200)
+    kernel, driver = found["kernel"], found["nvidia-driver"]
+    assert kernel.status is Status.PASS
+    assert dict(kernel.evidence) == {"running": "6.18.44", "minimum": "6.14", "distro": "debian"}
+    assert driver.status is Status.PASS
+    evidence = dict(driver.evidence)
+    assert (evidence["version"], evidence["flavour"]) == ("580.159.04", "open")
+    assert evidence["distro"] == "debian" and evidence["gpus"] == "1"
+    assert "no Blackwell GPU" in driver.message
+
+
+def test_old_running_kernel_fails(h200: Sysroot) -> None:
+    h200.write("/proc/sys/kernel/osrelease", "6.8.0-45-generic\n")
+    h200.write("/etc/os-release", 'NAME="Ubuntu"\nID=ubuntu\nID_LIKE=debian\n')
+    kernel = run(h200)["kernel"]
+    assert kernel.status is Status.FAIL
+    assert kernel.observed == "6.8.0-45-generic"
+    assert dict(kernel.evidence)["distro"] == "ubuntu"
+    assert "older than 6.14" in kernel.message
+    assert "installed_newer" not in dict(kernel.evidence)
+
+
+@pytest.mark.parametrize(
+    ("release", "minimum", "status"),
+    [
+        ("6.14.0-1-pve", "6.14", Status.PASS),
+        ("6.14", "6.14", Status.PASS),
+        ("6.13.12", "6.14", Status.FAIL),
+        ("6.14.0-24-generic", "6.14.1", Status.FAIL),
+        ("6.100.0", "6.14", Status.PASS),  # compared as numbers, not strings
+        ("5.14.0-503.11.1.el9_5.x86_64", "6.14", Status.FAIL),
+    ],
+)
+def test_minimum_comparison(h200: Sysroot, release: str, minimum: str, status: Status) -> None:
+    h200.write("/proc/sys/kernel/osrelease", release + "\n")
+    assert run(h200, minimum=minimum)["kernel"].status is status
+
+
+def test_falls_back_to_proc_version(h200: Sysroot) -> None:
+    h200.remove("/proc/sys/kernel/osrelease")
+    h200.write("/proc/version", "Linux version 6.8.12-4-pve (build@proxmox) (gcc 12) #1 SMP\n")
+    kernel = run(h200)["kernel"]
+    assert kernel.status is Status.FAIL
+    assert dict(kernel.evidence)["running"] == "6.8.12-4-pve"
+
+
+@pytest.mark.parametrize("garbage", [None, "", "\x00\xff garbage", "$(reboot)"])
+def test_unreadable_running_kernel_is_skip(h200: Sysroot, garbage: str | None) -> None:
+    h200.remove("/proc/sys/kernel/osrelease")
+    if garbage is None:
+        h200.remove("/proc/version")
+    else:
+        h200.write("/proc/version", garbage)
+    assert run(h200)["kernel"].status is Status.SKIP
+
+
+# -- installed kernels -------------------------------------------------------------------
+
+
+def test_newer_proxmox_kernel_installed_is_reboot_pending(h200: Sysroot) -> None:
+    h200.write("/proc/sys/kernel/osrelease", "6.14.8-1-pve\n")
+    install(h200, "6.14.8-1-pve", "6.14.8-2-pve", "6.8.12-9-pve")
+    kernel = run(h200)["kernel"]
+    assert kernel.status is Status.WARN
+    assert "reboot pending" in kernel.message
+    assert dict(kernel.evidence)["installed_newer"] == "6.14.8-2-pve"
+    assert kernel.fix == "reboot into 6.14.8-2-pve"
+
+
+@pytest.mark.parametrize("where", ["/lib/modules/{}", "/usr/lib/modules/{}"])
+def test_module_directories_count_as_installed(h200: Sysroot, where: str) -> None:
+    h200.write("/proc/sys/kernel/osrelease", "6.15.0-45-generic\n")
+    install(h200, "6.15.0-45-generic", "6.15.0-100-generic", where=where)
+    kernel = run(h200)["kernel"]
+    assert kernel.status is Status.WARN
+    assert dict(kernel.evidence)["installed_newer"] == "6.15.0-100-generic"
+
+
+def test_only_older_or_same_kernels_installed_passes(h200: Sysroot) -> None:
+    h200.write("/proc/sys/kernel/osrelease", "6.14.8-2-pve\n")
+    install(h200, "6.14.8-2-pve", "6.14.8-1-pve", "0-rescue-4f1a2b")
+    install(h200, "6.14.8-2-pve", where="/lib/modules/{}")
+    h200.write("/lib/modules/7.0.0-stray-file", "not a directory\n")
+    assert run(h200)["kernel"].status is Status.PASS
+
+
+def test_old_running_kernel_with_a_good_one_installed_says_reboot(h200: Sysroot) -> None:
+    h200.write("/proc/sys/kernel/osrelease", "6.8.12-4-pve\n")
+    install(h200, "6.8.12-4-pve", "6.14.8-2-pve")
+    kernel = run(h200)["kernel"]
+    assert kernel.status is Status.FAIL
+    assert "reboot into it" in kernel.message
+    assert kernel.fix == "reboot into 6.14.8-2-pve"
+    assert dict(kernel.evidence)["installed_newer"] == "6.14.8-2-pve"
+
+
+def test_old_running_kernel_with_a_newer_but_still_old_one_installed(h200: Sysroot) -> None:
+    h200.write("/proc/sys/kernel/osrelease", "6.8.12-4-pve\n")
+    install(h200, "6.8.12-9-pve")
+    kernel = run(h200)["kernel"]
+    assert kernel.status is Status.FAIL
+    assert "below 6.14 too" in kernel.message
+    assert kernel.fix == "install a kernel >= 6.14 and reboot"
+
+
+def test_hostile_kernel_names_are_ignored(h200: Sysroot) -> None:
+    install(h200, "6.99$(touch pwned)", "7.0\nrm -rf", "../../etc", "7.1 x")
+    host = DirectoryHost(str(h200.root))
+    assert installed_kernels(host) == []
+    assert run(h200)["kernel"].status is Status.PASS
+    assert not Path("pwned").exists()
+
+
+def test_newest_installed_picks_by_number() -> None:
+    assert newest_installed("6.8.0-45-generic", ["6.8.0-9-generic", "6.8.0-100-generic",
+                                                 "6.8.0-45-generic"]) == "6.8.0-100-generic"
+    assert newest_installed("6.14.8-2-pve", ["6.14.8-1-pve", "6.8.12-9-pve"]) is None
+
+
+# -- the NVIDIA driver -------------------------------------------------------------------
+
+
+def test_blackwell_with_open_580_passes(h200: Sysroot) -> None:
+    make_blackwell(h200)
+    driver = run(h200)["nvidia-driver"]
+    assert driver.status is Status.PASS
+    assert dict(driver.evidence)["blackwell"] == "0000:00:06.0=0x2901"
+
+
+def test_blackwell_with_proprietary_550_fails_on_both_counts(h200: Sysroot) -> None:
+    make_blackwell(h200, "0x2b85")
+    h200.write("/proc/driver/nvidia/version", PROPRIETARY_550)
+    driver = run(h200)["nvidia-driver"]
+    assert driver.status is Status.FAIL
+    assert "only by the open kernel module" in driver.message
+    assert "R570" in driver.message
+    evidence = dict(driver.evidence)
+    assert (evidence["version"], evidence["flavour"]) == ("550.54.14", "proprietary")
+    assert evidence["distro"] == "debian"
+
+
+def test_blackwell_with_open_565_fails_on_version(h200: Sysroot) -> None:
+    make_blackwell(h200, "0x3182")
+    h200.write("/proc/driver/nvidia/version", OPEN_580.replace("580.159.04", "565.57.01"))
+    driver = run(h200)["nvidia-driver"]
+    assert driver.status is Status.FAIL
+    assert "only by the open" not in driver.message
+    assert run(h200, blackwell_min_driver="560")["nvidia-driver"].status is Status.PASS
+
+
+def test_proprietary_driver_without_blackwell_passes(h200: Sysroot) -> None:
+    h200.write("/proc/driver/nvidia/version", PROPRIETARY_550)
+    assert run(h200)["nvidia-driver"].status is Status.PASS
+
+
+@pytest.mark.parametrize(
+    ("taint", "flavour", "status"),
+    [("POE", "proprietary", Status.FAIL), ("OE", "open", Status.PASS), (None, "unknown",
+                                                                        Status.SKIP)],
+)
+def test_sys_module_fallback_reads_the_flavour_from_the_taint(
+    h200: Sysroot, taint: str | None, flavour: str, status: Status
+) -> None:
+    make_blackwell(h200)
+    h200.remove("/proc/driver/nvidia")
+    h200.write("/sys/module/nvidia/version", "575.51.03\n")
+    if taint is not None:
+        h200.write("/sys/module/nvidia/taint", taint + "\n")
+    driver = run(h200)["nvidia-driver"]
+    assert dict(driver.evidence)["flavour"] == flavour
+    assert dict(driver.evidence)["version"] == "575.51.03"
+    assert driver.status is status
+
+
+def test_gpu_without_driver_warns(h200: Sysroot) -> None:
+    h200.remove("/proc/driver/nvidia")
+    h200.remove(f"{GPU_DIR}/driver")
+    driver = run(h200)["nvidia-driver"]
+    assert driver.status is Status.WARN
+    assert "no NVIDIA driver is loaded" in driver.message
+
+
+def test_gpu_held_by_vfio_for_passthrough_is_skip(h200: Sysroot) -> None:
+    h200.remove("/proc/driver/nvidia")
+    h200.symlink(f"{GPU_DIR}/driver", "../../../bus/pci/drivers/vfio-pci")
+    driver = run(h200)["nvidia-driver"]
+    assert driver.status is Status.SKIP
+    assert "vfio-pci" in driver.message
+
+
+def test_virtio_capture_has_no_nvidia_driver_to_judge(virtio: Sysroot) -> None:
+    found = run(virtio)
+    assert found["kernel"].status is Status.PASS
+    assert found["nvidia-driver"].status is Status.SKIP
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (OPEN_580, ("580.159.04", "open")),
+        (PROPRIETARY_550, ("550.54.14", "proprietary")),
+        ("NVRM version: NVIDIA UNIX Open Kernel Module for aarch64  570.133.20  Release Build",
+         ("570.133.20", "open")),
+        ("NVRM version: NVIDIA UNIX aarch64 Kernel Module  535.247.01  Tue Apr 8 2025",
+         ("535.247.01", "proprietary")),
+        ("\x00\xffgarbage", None),
+    ],
+)
+def test_driver_version_strings(
+    h200: Sysroot, text: str, expected: tuple[str, str] | None
+) -> None:
+    h200.write("/proc/driver/nvidia/version", text)
+    assert nvidia_driver(DirectoryHost(str(h200.root))) == expected
+
+
+def test_blackwell_table() -> None:
+    for device in (0x2901, 0x2941, 0x29BC, 0x2B85, 0x2BB1, 0x2C02, 0x2D04, 0x2E12, 0x2F04,
+                   0x3182, 0x31C2):
+        assert is_blackwell(device), hex(device)
+    for device in (0x2335, 0x2330, 0x26B9, 0x2684, 0x20B0, 0x2A00, 0x3000):
+        assert not is_blackwell(device), hex(device)
+
+
+# -- the CLI, policy and the reads contract ------------------------------------------------
+
+
+def test_cli_json_with_policy_minimum(h200: Sysroot, tmp_path: Path) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[checks."kernel.version"]\nminimum = "6.19"\n')
+    out = tmp_path / "report.json"
+    code = main(["local", "--root", str(h200.root), "--check", "kernel.version",
+                 "--format", "json", "--policy", str(policy), "--output", str(out)])
+    assert code == 1
+    findings = {f["subject"]: f for f in json.loads(out.read_text())["findings"]}
+    assert findings["kernel"]["status"] == "fail"
+    assert findings["kernel"]["severity"] == "medium"
+    assert findings["kernel"]["evidence"]["minimum"] == "6.19"
+    assert findings["nvidia-driver"]["evidence"]["flavour"] == "open"
+
+
+def test_every_path_read_is_declared_in_reads(h200: Sysroot) -> None:
+    install(h200, "6.19.1")
+    install(h200, "6.19.1", where="/lib/modules/{}")
+    h200.remove("/proc/driver/nvidia")
+    h200.write("/sys/module/nvidia/version", "580.1\n")
+    host = RecordingHost(str(h200.root))
+    list(KernelVersion().evaluate(host))
+    assert undeclared(host.asked, KernelVersion.reads) == []

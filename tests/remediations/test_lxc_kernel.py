@@ -1,0 +1,108 @@
+"""lxc.device_majors and kernel.version remediations."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.conftest import Sysroot
+from tests.fixkit import (
+    EVIL,
+    assert_idempotent_and_reversible,
+    copy_tree,
+    fix_cycle,
+    needs_root,
+    plan_for,
+    report_of,
+    run,
+    tree_hash,
+    write_scripts,
+)
+from tests.remediations.plant import LXC_CONFIG, plant_lxc, plant_old_kernel
+
+
+@needs_root
+def test_stale_major_rewritten_in_main_section_only(h200: Sysroot, tmp_path: Path) -> None:
+    findings = plant_lxc(h200)
+    _, fix, rollback, copy, before = fix_cycle(h200, tmp_path, report_of(findings))
+    expected = LXC_CONFIG.replace("c 509:* rwm", "c 238:* rwm", 1)
+    assert (copy / "etc/pve/lxc/101.conf").read_text() == expected
+    assert expected.count("c 509:* rwm") == 1  # the snapshot section keeps its rule
+    text = fix.read_text()
+    assert "#   pct reboot 101" in text
+    assert "devN: entries" in text
+    assert_idempotent_and_reversible(fix, rollback, copy, before)
+
+
+@needs_root
+def test_hostile_config_name_runs_nothing(h200: Sysroot, tmp_path: Path) -> None:
+    name = f"/etc/pve/lxc/1\n{EVIL}'.conf"
+    findings = plant_lxc(h200, path=name, container=f"1{EVIL}")
+    work = tmp_path / "work"
+    work.mkdir()
+    plan = plan_for(h200, report_of(findings))
+    fix, rollback = write_scripts(plan, tmp_path)
+    copy = copy_tree(h200.root, tmp_path / "copy")
+    before = tree_hash(copy)
+    assert run(fix, copy, cwd=work).returncode == 0
+    assert (copy / name.lstrip("/")).read_text() == LXC_CONFIG.replace("509", "238", 1)
+    assert run(fix, copy, cwd=work).returncode == 0
+    assert run(rollback, copy, cwd=work).returncode == 0
+    assert tree_hash(copy) == before
+    assert list(work.iterdir()) == []
+
+
+def test_kernel_upgrade_is_commented_out_and_needs_reboot(h200: Sysroot, tmp_path: Path) -> None:
+    findings = plant_old_kernel(h200)
+    plan = plan_for(h200, report_of(findings))
+    assert plan.reboot and not plan.actions
+    fix, _ = write_scripts(plan, tmp_path)
+    text = fix.read_text()
+    assert "#   apt install -t bookworm-backports linux-image-amd64" in text
+    assert not [ln for ln in text.splitlines() if ln.startswith("apt ")]
+    copy = copy_tree(h200.root, tmp_path / "copy")
+    before = tree_hash(copy)
+    assert run(fix, copy).returncode == 0
+    assert tree_hash(copy) == before
+
+
+def test_upgrade_commands_per_distribution() -> None:
+    from remediations.kernel import upgrade_command
+
+    assert upgrade_command("6.8.12-4-pve", "6.14", {"ID": "debian"}) == (
+        "apt", "install", "proxmox-kernel-6.14")
+    assert upgrade_command("6.8.0-45-generic", "6.11", {"ID": "ubuntu", "VERSION_ID": "24.04"}
+                           ) == ("apt", "install", "--install-recommends",
+                                 "linux-generic-hwe-24.04")
+    assert upgrade_command("5.14.0", "6.0", {"ID": "rocky", "ID_LIKE": "rhel centos fedora"}
+                           ) == ("dnf", "install", "kernel")
+    assert upgrade_command("6.1.0", "6.8", {"ID": "debian", "VERSION_CODENAME": "x; rm -rf"}
+                           ) == ()
+
+
+@needs_root
+def test_missing_rule_is_added_to_the_main_section_with_the_real_check(
+    h200: Sysroot, tmp_path: Path
+) -> None:
+    from auditor.model import Status
+    from tests.fixkit import audit_root, require_check, statuses
+
+    require_check("lxc.device_majors")
+    config = LXC_CONFIG.replace("lxc.cgroup2.devices.allow: c 509:* rwm\n", "", 1)
+    h200.write("/etc/pve/lxc/101.conf", config)
+    assert statuses(audit_root(h200), "lxc.device_majors") == {Status.FAIL}
+    _, fix, rollback, copy, before = fix_cycle(h200, tmp_path)
+    main, _, snapshot = (copy / "etc/pve/lxc/101.conf").read_text().partition("\n[")
+    assert "lxc.cgroup2.devices.allow: c 238:* rwm" in main
+    assert snapshot == config.partition("\n[")[2]
+    assert statuses(audit_root(copy), "lxc.device_majors") <= {Status.PASS, Status.SKIP}
+    assert_idempotent_and_reversible(fix, rollback, copy, before)
+
+
+def test_pending_reboot_into_a_new_enough_kernel_is_advised_alone(h200: Sysroot) -> None:
+    from dataclasses import replace
+
+    [finding] = plant_old_kernel(h200)
+    pending = replace(finding, evidence=(*finding.evidence, ("installed_newer", "6.12.9-amd64")))
+    [section] = plan_for(h200, report_of([pending])).sections
+    assert [a.argv for a in section.remedy.advice] == [()]
+    assert "reboot into it" in section.remedy.advice[0].text
