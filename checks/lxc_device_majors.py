@@ -514,8 +514,9 @@ def _stale_rules(
     A candidate is a character allow rule with a concrete major that lets rw through,
     allows none of the container's GPU nodes as they are now, and whose major is not a
     fixed GPU major nor one any driver holds now (``c 10:200`` is tun, and a rule for the
-    current nvidia-caps major is current even when no nvidia-caps node is mounted). Its minor must fit the node's (``c 509:1`` is uvm-tools'). When
-    the candidates name several majors, the failing drivers and the stale majors are
+    current nvidia-caps major is current even when no nvidia-caps node is mounted). Its
+    minor must fit the node's (``c 509:1`` is uvm-tools'). When the candidates name
+    several majors, the failing drivers and the stale majors are
     paired in order: dynamic majors are handed out in the same order at every load.
     """
     other_majors = {m for ms in drivers.values() for m in ms} | set(FIXED_MAJORS.values())

@@ -1,0 +1,81 @@
+"""The host the project exists for: an 8-GPU Proxmox node with all six problems."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from auditor.cli import main
+from tests.hostgen import HostSpec, build_host
+
+GPUS = [f"0000:{0x18 + i * 0x10:02x}:00.0" for i in range(8)]
+NICS = [f"0000:{0x1a + i * 0x20:02x}:00.0" for i in range(4)]
+
+
+def audit_json(root: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, object]]:
+    code = main(["local", "--root", str(root), "--format", "json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def by_status(data: dict[str, object], check: str, status: str) -> list[dict[str, str]]:
+    findings = data["findings"]
+    assert isinstance(findings, list)
+    return [f for f in findings if f["check"] == check and f["status"] == status]
+
+
+@pytest.mark.parametrize("form", ["directory", "tar"])
+def test_every_problem_is_found_on_the_right_devices(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], form: str
+) -> None:
+    tree = build_host()
+    root = tree.write_dir(tmp_path / "root") if form == "directory" else tree.write_tar(
+        tmp_path / "host.tar.gz")
+    code, data = audit_json(root, capsys)
+    assert code == 1
+    assert data["host"] == "pve-gpu-01"
+
+    [governor] = by_status(data, "cpu.governor", "fail")
+    assert governor["subject"] == "0-127"
+    assert "powersave" in governor["observed"]
+
+    [cstate] = by_status(data, "cpu.cstates", "fail")
+    assert cstate["subject"] == "C2"
+    assert "0-127" in cstate["message"]
+
+    [numa] = by_status(data, "numa.balancing", "fail")
+    assert numa["observed"] == "1"
+
+    kernel = by_status(data, "kernel.version", "fail")
+    assert [f["subject"] for f in kernel] == ["kernel"]
+    assert "6.8.12-4-pve" in kernel[0]["observed"]
+    assert "reboot into" in kernel[0]["message"] and "6.14.8-2-pve" in kernel[0]["message"]
+
+    mrrs = by_status(data, "pcie.mrrs", "fail")
+    assert sorted(f["subject"] for f in mrrs) == GPUS
+    assert all(f["observed"].startswith("512") for f in mrrs)
+    findings = data["findings"]
+    assert isinstance(findings, list)
+    judged = {f["subject"] for f in findings if f["check"] == "pcie.mrrs"}
+    assert set(NICS) <= judged
+    assert not any(s.endswith(":01.0") for s in judged), "root ports are not judged"
+
+    lxc = by_status(data, "lxc.device_majors", "fail")
+    assert {f["subject"] for f in lxc} == {"101"}
+    devices = {f["evidence"]["device"] for f in lxc}  # type: ignore[index]
+    assert "/dev/nvidia-uvm" in devices
+    for finding in lxc:
+        assert finding["evidence"]["allowed_major"] == "509"  # type: ignore[index]
+        assert finding["evidence"]["current_major"] == "511"  # type: ignore[index]
+
+
+def test_the_tuned_host_passes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = HostSpec(bad_governor=False, deep_cstates=False, numa_balancing=False,
+                    old_kernel=False, low_mrrs=False, stale_lxc_major=False)
+    code, data = audit_json(build_host(spec).write_dir(tmp_path / "root"), capsys)
+    findings = data["findings"]
+    assert isinstance(findings, list)
+    problems = [f for f in findings if f["status"] in ("fail", "error")]
+    assert problems == []
+    assert code == 0
