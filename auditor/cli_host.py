@@ -229,6 +229,42 @@ def emit_fleet(reports: Sequence[Report], options: AuditOptions) -> int:
     return max(codes, default=EXIT_OK)
 
 
+def _fix_remote(target: SshTarget, ssh_options: SshOptions, checks: Sequence[type[Check]],
+                policy: Policy, options: AuditOptions, fix_script: str | None,
+                rollback_script: str | None, apply: bool, yes: bool) -> int:
+    """Audit one host with the remediations' extra reads, then write and/or apply its fix."""
+    from auditor.collect import patterns_for
+    from auditor.fix import REMEDIATION_READS, LocalFixRequest, ScriptResult, fix_local
+    from auditor.hosts.ssh import SshHost
+    from auditor.runner import audit
+
+    patterns = list(dict.fromkeys([*patterns_for(checks), *REMEDIATION_READS]))
+
+    def execute(script: str) -> ScriptResult:
+        runner = SshHost(target, ssh_options)
+        try:
+            runner.connect()
+            code, output = runner.run_script(script, sudo=True)
+        finally:
+            runner.close()
+        return ScriptResult(code, output)
+
+    try:
+        host = SshHost.open(target, ssh_options, patterns)
+        report = audit(host, checks, policy, debug=options.debug)
+        report, fix_code = fix_local(
+            host, report, checks, policy,
+            LocalFixRequest(None, fix_script, rollback_script, apply, yes),
+            reopen=lambda: SshHost.open(target, ssh_options, patterns),
+            debug=options.debug, execute=execute, where=target.display,
+        )
+    except AuditorError as exc:
+        if options.debug:
+            raise
+        fatal(str(exc), exc.exit_code)
+    return max(emit_fleet([report], options), fix_code)
+
+
 @app.command("host")
 def host_command(
     targets: Annotated[
@@ -273,6 +309,15 @@ def host_command(
     policy: PolicyOpt = None,
     profile: ProfileOpt = None,
     debug: DebugOpt = False,
+    fix_script: Annotated[str | None, typer.Option(
+        "--fix-script", metavar="FILE",
+        help="Write a bash fix script for the findings (one host); a rollback goes beside it.")
+    ] = None,
+    rollback_script: Annotated[str | None, typer.Option(
+        "--rollback-script", metavar="FILE", help="Where to write the rollback script.")] = None,
+    apply: Annotated[bool, typer.Option(
+        "--apply", help="Upload and run the fix with sudo, then audit again.")] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Apply without asking.")] = False,
 ) -> None:
     """Audit remote Linux hosts over SSH; nothing is installed on them."""
     options = AuditOptions(fmt, output, tuple(check or ()), tuple(skip or ()), fail_on,
@@ -296,6 +341,11 @@ def host_command(
         if debug:
             raise
         fatal(str(exc), exc.exit_code)
+    if fix_script or rollback_script or apply:
+        if len(wanted) != 1:
+            fatal("--fix-script, --rollback-script and --apply take exactly one host", EXIT_USAGE)
+        raise typer.Exit(_fix_remote(wanted[0], ssh_options, checks, loaded, options,
+                                     fix_script, rollback_script, apply, yes))
     fleet = FleetAudit(wanted, ssh_options, checks, loaded, parallel=parallel, debug=debug)
     on_done, stop_progress = _progress(len(wanted))
     interrupted = False

@@ -395,8 +395,13 @@ def fix_local(
     *,
     reopen: Callable[[], Host],
     debug: bool = False,
+    execute: Callable[[str], ScriptResult] = run_local_script,
+    where: str | None = None,
 ) -> tuple[Report, int]:
-    """Write and/or apply the fix for ``audit local``; return the report to show and an exit code.
+    """Write and/or apply the fix for one host; return the report to show and an exit code.
+
+    ``execute`` runs the fix script where the host is (this machine's bash by default;
+    ``audit host`` passes one that uploads it and runs it with sudo).
 
     The exit code is 1 when the fix script failed or was refused, else 0.
     """
@@ -412,7 +417,7 @@ def fix_local(
         _write(request.fix_script, fix_text)
     if rollback_path:
         _write(rollback_path, rollback_text)
-    where = plan.root or "this machine"
+    where = where or plan.root or "this machine"
     print(plan.summary(), file=sys.stderr)
     if request.fix_script or rollback_path:
         names = " and ".join(p for p in (request.fix_script, rollback_path) if p)
@@ -435,7 +440,7 @@ def fix_local(
         with reopen() as fresh:
             return audit(fresh, checks, policy, debug=debug)
 
-    result = apply(plan, report, run_local_script, reaudit)
+    result = apply(plan, report, execute, reaudit)
     sys.stderr.write(result.script.output)
     print(compare(result.before, result.after), end="", file=sys.stderr)
     if result.script.returncode != 0:

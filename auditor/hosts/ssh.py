@@ -311,6 +311,37 @@ class SshHost(Host):
         self.name = _clean_name(hostname) or self.spec.display
         self.collect_s = time.perf_counter() - started
 
+    def run_script(self, script: str, *, sudo: bool) -> tuple[int, str]:
+        """Run a bash script on the connected host (script on stdin); return code and output.
+
+        The script travels as data on stdin: nothing of it is put on a command line.
+        """
+        import paramiko
+
+        if self._conn is None:
+            raise HostUnreachable(f"{self.spec.display}: not connected")
+        command = "sudo -n bash -s" if sudo and self.user != "root" else "bash -s"
+        try:
+            transport = self._conn.client.get_transport()
+            if transport is None or not transport.is_active():
+                raise EOFError("the connection closed")
+            channel = transport.open_session(timeout=self.options.timeout)
+            channel.set_combine_stderr(True)
+            channel.exec_command(command)
+            channel.sendall(script.encode())
+            channel.shutdown_write()
+            chunks: list[bytes] = []
+            while True:
+                data = channel.recv(65536)
+                if not data:
+                    break
+                chunks.append(data)
+            status = channel.recv_exit_status()
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            self.close()
+            raise _map_error(exc, self.spec.display, self.options.timeout, "run") from exc
+        return status, b"".join(chunks).decode("utf-8", "replace")
+
     @classmethod
     def open(cls, target: SshTarget, options: SshOptions, patterns: list[str]) -> SshHost:
         """Connect to a host and collect ``patterns`` from it."""

@@ -357,3 +357,31 @@ def test_inventory_garbage_is_a_usage_error(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="names no hosts"):
         load_inventory(str(path))
     os.chmod(path, 0o000)
+
+
+@ssh
+def test_fix_script_for_one_remote_host(
+    ssh_env: SshEnv, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The fix and its rollback are written for the audited host, and are valid bash."""
+    fix = tmp_path / "fix.sh"
+    code, _out, err = run_audit(capsys, "host", ssh_env.server.target,
+                                *ssh_env.cli_args("ha-sudo"), "--sudo", "--fix-script",
+                                str(fix))
+    assert code in (0, 1), err
+    rollback = tmp_path / "fix.rollback.sh"
+    assert fix.is_file() and rollback.is_file()
+    assert "dry run: nothing changed" in err
+    for script in (fix, rollback):
+        subprocess.run(["bash", "-n", str(script)], check=True)
+        assert socket.gethostname() in script.read_text()
+
+
+@ssh
+def test_fix_options_take_exactly_one_host(
+    ssh_env: SshEnv, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, _out, err = run_audit(capsys, "host", ssh_env.server.target, ssh_env.server.target,
+                                *ssh_env.cli_args("ha-sudo"), "--fix-script",
+                                str(tmp_path / "fix.sh"))
+    assert code == 2 and "exactly one host" in err
