@@ -138,6 +138,8 @@ class CpuGovernor(Check):
         INTEL_STATUS,
         INTEL_NO_TURBO,
         AMD_STATUS,
+        # Process names, so a remote audit can name daemons that revert the governor.
+        "/proc/[0-9]*/comm",
     )
     rationale: ClassVar[str] = (
         "The CPU threads that tokenize, schedule batches and launch GPU kernels are bursty: "
