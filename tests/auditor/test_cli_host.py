@@ -162,7 +162,7 @@ def test_host_keys_from_home_known_hosts(
     monkeypatch.setenv("HOME", str(tmp_path))
     base = ["host", ssh_env.server.target, "--user", "ha-sudo", "--identity",
             str(ssh_env.lab.client_key)]
-    code, out, err = run_audit(capsys, *base)
+    code, _, err = run_audit(capsys, *base)
     assert code == 3 and "not in known_hosts" in err and err.count("\n") == 1
     code, _, err = run_audit(capsys, *base, "--accept-new-host-keys")
     assert code in (0, 1) and err == ""
