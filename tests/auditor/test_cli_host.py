@@ -357,3 +357,19 @@ def test_inventory_garbage_is_a_usage_error(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="names no hosts"):
         load_inventory(str(path))
     os.chmod(path, 0o000)
+
+
+@ssh
+def test_ssh_config_alias(ssh_env: SshEnv, tmp_path: Path,
+                          capsys: pytest.CaptureFixture[str]) -> None:
+    """An alias from an ssh config supplies HostName, Port, User and IdentityFile."""
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        "Host gpu-alias\n    HostName 127.0.0.1\n"
+        f"    Port {ssh_env.server.port}\n    User ha-nosudo\n"
+        f"    IdentityFile {ssh_env.lab.client_key}\n"
+    )
+    code, out, err = run_audit(capsys, "host", "gpu-alias", "--ssh-config", str(config),
+                               "--known-hosts", str(ssh_env.known_hosts), "--format", "json")
+    assert err == "" and code in (0, 1)
+    assert json.loads(out)["target"] == f"ssh://ha-nosudo@gpu-alias:{ssh_env.server.port}"
