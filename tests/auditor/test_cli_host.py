@@ -373,3 +373,28 @@ def test_ssh_config_alias(ssh_env: SshEnv, tmp_path: Path,
                                "--known-hosts", str(ssh_env.known_hosts), "--format", "json")
     assert err == "" and code in (0, 1)
     assert json.loads(out)["target"] == f"ssh://ha-nosudo@gpu-alias:{ssh_env.server.port}"
+
+
+@ssh
+def test_proxyjump_checks_the_jump_hosts_key_too(
+    ssh_env: SshEnv, fleet: list[Sshd], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        f"Host jump\n    HostName 127.0.0.1\n    Port {ssh_env.server.port}\n"
+        f"    User ha-nosudo\n    IdentityFile {ssh_env.lab.client_key}\n"
+        f"Host behind\n    HostName 127.0.0.1\n    Port {fleet[0].port}\n"
+        f"    User ha-sudo\n    IdentityFile {ssh_env.lab.client_key}\n    ProxyJump jump\n"
+    )
+    both = tmp_path / "both"
+    ssh_env.lab.known_hosts(both, [ssh_env.server, fleet[0]])
+    code, out, err = run_audit(capsys, "host", "behind", "--ssh-config", str(config),
+                               "--known-hosts", str(both), "--format", "json")
+    assert err == "" and code in (0, 1)
+    assert json.loads(out)["findings"]
+    only_target = tmp_path / "only-target"
+    ssh_env.lab.known_hosts(only_target, [fleet[0]])
+    code, _, err = run_audit(capsys, "host", "behind", "--ssh-config", str(config),
+                             "--known-hosts", str(only_target))
+    assert code == 3
+    assert f"[127.0.0.1]:{ssh_env.server.port} is not in known_hosts" in err
