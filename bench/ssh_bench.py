@@ -99,6 +99,15 @@ def measure(commands: dict[str, tuple[list[str], dict[str, str] | None]],
     }
 
 
+def children_cpu(pids: list[int]) -> float:
+    """Return the CPU seconds of the reaped children of processes (sshd's sessions)."""
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[13]) + int(fields[14])  # cutime, cstime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def stop_control_masters(env: dict[str, str]) -> None:
     """End ansible's ssh ControlPersist masters, so each run starts cold."""
     control = env["ANSIBLE_SSH_ARGS"].rsplit("ControlPath=", 1)[1].rsplit("/", 1)[0]
@@ -226,6 +235,10 @@ def main() -> int:
         if not args.no_peers and have_ansible:
             many["ansible"] = ([ansible, "all", "-i", str(inventory), "-m", "setup", "-f",
                                 str(args.hosts)], ansible_env(root, key, known))
+        sshd_pids = [s.process.pid for s in servers if s.process is not None]
+        before = children_cpu(sshd_pids)
+        fleet = measure({"fleet": many["fleet"]}, 1)
+        sshd_cpu = children_cpu(sshd_pids) - before
         fleet = measure(many, max(3, args.rounds // 2))
         print(f"\n(b) {args.hosts} hosts at --parallel {args.hosts}")
         print(HEADER)
@@ -233,6 +246,9 @@ def main() -> int:
         print(row(f"audit host, {args.hosts} hosts", fleet["fleet"], fleet["one"]))
         if "ansible" in fleet:
             print(row(f"ansible -m setup -f {args.hosts}", fleet["ansible"], fleet["one"]))
+        per_run = sshd_cpu / 2  # measure() ran the fleet twice: warm-up and one round
+        print(f"\n  the targets' sshd sessions (on this machine) used {per_run:.2f} CPU s a "
+              f"fleet run: {per_run / args.hosts * 1000:.0f} ms a host")
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
         print(f"\npeak RSS of any child process: {children.ru_maxrss / 1024:.1f} MiB")
     finally:
