@@ -14,6 +14,7 @@ trust on first use is asked for, and a changed key is always refused.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import socket
@@ -47,6 +48,9 @@ _TARGET = re.compile(
     r"(?::(?P<port>\d{1,5}))?$"
 )
 _known_hosts_lock = threading.Lock()
+# paramiko logs transport failures itself; with no handler they would reach stderr
+# through logging's last resort, beside the one line the CLI prints per host.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 @dataclass(frozen=True)

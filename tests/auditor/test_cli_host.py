@@ -398,3 +398,19 @@ def test_proxyjump_checks_the_jump_hosts_key_too(
                              "--known-hosts", str(only_target))
     assert code == 3
     assert f"[127.0.0.1]:{ssh_env.server.port} is not in known_hosts" in err
+
+
+def test_progress_bar_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    from auditor.cli_host import _progress
+
+    advance, stop = _progress(3)
+    assert advance is None  # stderr is captured, not a terminal
+    stop()
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    advance, stop = _progress(3)
+    assert advance is not None
+    for _ in range(3):
+        advance(Report("h", "ssh://h", "", 0.0, ()))
+    stop()
+    assert _progress(1)[0] is None  # one host: no bar
