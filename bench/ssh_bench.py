@@ -34,7 +34,7 @@ from tests.sshd import SshLab
 
 PYTHON = sys.executable
 AUDIT = str(Path(sys.executable).parent / "audit")
-USER = "ha-bench"
+USER = f"ha-bench{os.getpid() % 100000:05d}"  # per run: benchmarks side by side
 
 FLOOR = """
 import sys
