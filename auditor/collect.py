@@ -248,10 +248,12 @@ def _split_line(data: bytes, start: int, label: str) -> tuple[bytes, int]:
 
 def parse_output(data: bytes, label: str = "remote") -> Collection:
     """Turn what the remote command printed into a tar sysroot and its provenance."""
-    if not data.startswith(_MAGIC):
+    # A login shell's rc files may print a greeting first: skip whole lines up to ours.
+    start = 0 if data.startswith(_MAGIC) else data.find(b"\n" + _MAGIC, 0, 1 << 16) + 1
+    if start == 0 and not data.startswith(_MAGIC):
         snippet = data[:80].decode("utf-8", "replace").strip()
         raise CollectError(f"{label}: the collector did not start (output: {snippet!r})")
-    head, offset = _split_line(data, 0, label)
+    head, offset = _split_line(data, start, label)
     sudo = head[len(_MAGIC):].decode("ascii", "replace").partition("=")[2] or "off"
     line, offset = _split_line(data, offset, label)
     method, _, uid_text = line.decode("ascii", "replace").partition(" uid=")

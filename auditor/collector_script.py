@@ -20,7 +20,6 @@ the same way as the live host):
 """
 
 import fnmatch
-import gzip
 import io
 import os
 import stat
@@ -204,6 +203,8 @@ def collect_to(out: BinaryIO, patterns: List[str], compress: bool = False,
     stream = out
     gz = None
     if compress:
+        import gzip  # only when asked: every import costs the audited host CPU
+
         gz = gzip.GzipFile(fileobj=out, mode="wb", compresslevel=1, mtime=0)
         stream = gz  # type: ignore[assignment]
     collector = Collector(stream, cap)

@@ -110,7 +110,7 @@ class SshLab:
         """Create a local user who may log in with the client key (root only)."""
         home = self.root / "home" / user
         home.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["userdel", user], capture_output=True)
+        subprocess.run(["userdel", "-f", user], capture_output=True)
         subprocess.run(["useradd", "-M", "-d", str(home), "-s", "/bin/sh", user], check=True)
         # "*" is no password, not a locked account: sshd without PAM refuses locked ones.
         subprocess.run(["usermod", "-p", "*", user], check=True)
@@ -188,7 +188,7 @@ class SshLab:
         for server in self.servers:
             server.stop()
         for user in self.users:
-            subprocess.run(["userdel", user], capture_output=True)
+            subprocess.run(["userdel", "-f", user], capture_output=True)
             with contextlib.suppress(FileNotFoundError):
                 Path(f"/etc/sudoers.d/host-auditor-test-{user}").unlink()
 

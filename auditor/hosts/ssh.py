@@ -14,6 +14,7 @@ trust on first use is asked for, and a changed key is always refused.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import socket
@@ -47,6 +48,9 @@ _TARGET = re.compile(
     r"(?::(?P<port>\d{1,5}))?$"
 )
 _known_hosts_lock = threading.Lock()
+# paramiko logs transport failures itself; with no handler they would reach stderr
+# through logging's last resort, beside the one line the CLI prints per host.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 @dataclass(frozen=True)
@@ -145,6 +149,28 @@ def _make_policy(record_to: str | None) -> Any:
     return AcceptNew() if record_to else RefuseUnknown()
 
 
+def _check_host_keys(conn: fabric.Connection, options: SshOptions) -> None:
+    """Make a connection, and every ProxyJump hop before it, verify host keys."""
+    import fabric
+    import paramiko
+
+    hop: Any = conn
+    while isinstance(hop, fabric.Connection):
+        files = _known_hosts_files(options, dict(hop.ssh_config))
+        for path in files:
+            if os.path.isfile(path):
+                try:
+                    hop.client.load_system_host_keys(path)
+                except (OSError, paramiko.SSHException, ValueError):
+                    continue  # a malformed line elsewhere must not stop the audit
+        # Trust on first use records the key in the first known_hosts file named
+        # (--known-hosts, then UserKnownHostsFile, then ~/.ssh/known_hosts).
+        record = files[0] if options.accept_new_host_keys else None
+        # fabric trusts any new key (AutoAddPolicy), gateways included: replace it.
+        hop.client.set_missing_host_key_policy(_make_policy(record))
+        hop = hop.gateway
+
+
 class QuickAckSocket:
     """A socket that acknowledges every segment at once (Linux ``TCP_QUICKACK``).
 
@@ -226,18 +252,7 @@ class SshHost(Host):
         self._conn = conn
         user = conn.user
         self.target = f"ssh://{user}@{self.spec.host}:{conn.port}"
-        files = _known_hosts_files(self.options, dict(conn.ssh_config))
-        client = conn.client
-        for path in files:
-            if os.path.isfile(path):
-                try:
-                    client.load_system_host_keys(path)
-                except (OSError, paramiko.SSHException, ValueError):
-                    continue  # a malformed line elsewhere must not stop the audit
-        # Trust on first use records the key in the first known_hosts file named
-        # (--known-hosts, then UserKnownHostsFile, then ~/.ssh/known_hosts).
-        record = files[0] if self.options.accept_new_host_keys else None
-        client.set_missing_host_key_policy(_make_policy(record))
+        _check_host_keys(conn, self.options)
         try:
             if not conn.gateway:
                 # A socket of our own, so TCP_NODELAY is on from the first packet:

@@ -14,19 +14,24 @@ import pytest
 
 from tests.sshd import Sshd, SshLab
 
+# Test users, named per process so that test runs side by side do not share them:
+# password-less sudo; no sudo; no python3 on its PATH; a session killed at once.
+_TAG = f"{os.getpid() % 100000:05d}"
+SUDO, NOSUDO, NOPY, DROP = (f"ha-{role}{_TAG}" for role in ("sudo", "nosudo", "nopy", "drop"))
+
 #: Tools the sh collector needs, linked into a PATH that has no python3.
 SH_TOOLS = ("sh", "id", "sudo", "readlink", "head", "od", "ls")
 
 
 @dataclass
 class SshEnv:
-    """A running sshd with users: ha-sudo (password-less sudo), ha-nosudo, ha-nopy, ha-drop."""
+    """A running sshd with users: SUDO (password-less sudo), NOSUDO, NOPY (no python3), DROP."""
 
     lab: SshLab
     server: Sshd
     known_hosts: Path
 
-    def options(self, user: str = "ha-sudo", **overrides: Any) -> Any:
+    def options(self, user: str = SUDO, **overrides: Any) -> Any:
         from auditor.hosts.ssh import SshOptions
 
         values: dict[str, Any] = {
@@ -38,7 +43,7 @@ class SshEnv:
         values.update(overrides)
         return SshOptions(**values)
 
-    def cli_args(self, user: str = "ha-sudo") -> list[str]:
+    def cli_args(self, user: str = SUDO) -> list[str]:
         return ["--user", user, "--identity", str(self.lab.client_key),
                 "--known-hosts", str(self.known_hosts)]
 
@@ -63,14 +68,14 @@ def ssh_env() -> Iterator[SshEnv]:
             found = shutil.which(tool, path="/usr/bin:/bin:/usr/sbin:/sbin")
             if found:
                 (nopy / tool).symlink_to(found)
-        lab.add_user("ha-sudo", sudo=True)
-        lab.add_user("ha-nosudo")
-        lab.add_user("ha-nopy")
-        lab.add_user("ha-drop")
+        lab.add_user(SUDO, sudo=True)
+        lab.add_user(NOSUDO)
+        lab.add_user(NOPY)
+        lab.add_user(DROP)
         server = lab.start(extra=[
-            "Match User ha-nopy",
+            f"Match User {NOPY}",
             f"    SetEnv PATH={nopy}",
-            "Match User ha-drop",
+            f"Match User {DROP}",
             "    ForceCommand kill -9 $PPID",
         ])
         known = lab.known_hosts(lab.root / "known_hosts", [server])

@@ -20,7 +20,7 @@ from auditor.cli_host import render_fleet
 from auditor.hosts.ssh import SshTarget
 from auditor.inventory import expand_range, load_inventory, parse_ini, parse_yaml
 from auditor.model import CheckResult, Report, Status
-from tests.auditor.conftest import SshEnv
+from tests.auditor.conftest import NOPY, NOSUDO, SUDO, SshEnv
 from tests.conftest import make_finding
 from tests.sshd import SilentListener, Sshd, netns, netns_available
 
@@ -61,7 +61,7 @@ def test_replay_equals_audit_local(ssh_env: SshEnv, capsys: pytest.CaptureFixtur
     local_code, local_out, _ = run_audit(capsys, "local", "--format", "json")
     remote, local = json.loads(out), json.loads(local_out)
     assert code == local_code
-    assert remote["target"] == f"ssh://ha-sudo@127.0.0.1:{ssh_env.server.port}"
+    assert remote["target"] == f"ssh://{SUDO}@127.0.0.1:{ssh_env.server.port}"
     assert findings_without_host(remote) == findings_without_host(local)
     assert [c["check"] for c in remote["checks"]] == [c["check"] for c in local["checks"]]
     assert {k: v for k, v in remote["facts"].items()} == local["facts"]
@@ -72,9 +72,9 @@ def test_host_without_python_gives_the_same_findings(
     ssh_env: SshEnv, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _, python_out, _ = run_audit(capsys, "host", ssh_env.server.target,
-                                 *ssh_env.cli_args("ha-nosudo"), "--format", "json")
+                                 *ssh_env.cli_args(NOSUDO), "--format", "json")
     _, sh_out, _ = run_audit(capsys, "host", ssh_env.server.target,
-                             *ssh_env.cli_args("ha-nopy"), "--format", "json")
+                             *ssh_env.cli_args(NOPY), "--format", "json")
     assert findings_without_host(json.loads(sh_out)) == findings_without_host(
         json.loads(python_out))
 
@@ -84,7 +84,7 @@ def test_sudo_without_password_is_noted_in_the_report(
     ssh_env: SshEnv, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, out, err = run_audit(capsys, "host", ssh_env.server.target,
-                               *ssh_env.cli_args("ha-nosudo"), "--sudo", "--format", "json")
+                               *ssh_env.cli_args(NOSUDO), "--sudo", "--format", "json")
     assert code in (0, 1) and err == ""
     assert "sudo -n needs a password" in json.loads(out)["facts"]["privilege"]
 
@@ -127,7 +127,7 @@ def test_fleet_text_has_a_hosts_by_checks_table(
     table = out[out.index("Fleet: 3 hosts"):]
     assert "numa.balancing" in table.splitlines()[2]
     rows = table.splitlines()[3:]
-    assert sum(1 for row in rows if f"ssh://ha-sudo@{dead}" in row and "unreachable" in row) == 1
+    assert sum(1 for row in rows if f"ssh://{SUDO}@{dead}" in row and "unreachable" in row) == 1
     assert sum(1 for row in rows if fleet[0].target in row) == 1
 
 
@@ -139,8 +139,8 @@ def test_inventory_ini_reaches_hosts_by_ansible_vars(
     inventory.write_text(
         "# GPU fleet\n[gpu]\n"
         f"gpu-a ansible_host=127.0.0.1 ansible_port={fleet[0].port}\n"
-        f"gpu-b ansible_host=127.0.0.1 ansible_port={fleet[1].port} ansible_user=ha-nosudo\n"
-        "[gpu:vars]\nansible_user=ha-sudo\n"
+        f"gpu-b ansible_host=127.0.0.1 ansible_port={fleet[1].port} ansible_user={NOSUDO}\n"
+        f"[gpu:vars]\nansible_user={SUDO}\n"
     )
     code, out, err = run_audit(capsys, "host", "-i", str(inventory), "--identity",
                                str(ssh_env.lab.client_key), "--known-hosts",
@@ -148,8 +148,8 @@ def test_inventory_ini_reaches_hosts_by_ansible_vars(
     document = json.loads(out)
     assert err == "" and code in (0, 1)
     assert sorted(h["target"] for h in document["hosts"]) == sorted([
-        f"ssh://ha-sudo@127.0.0.1:{fleet[0].port}",
-        f"ssh://ha-nosudo@127.0.0.1:{fleet[1].port}",
+        f"ssh://{SUDO}@127.0.0.1:{fleet[0].port}",
+        f"ssh://{NOSUDO}@127.0.0.1:{fleet[1].port}",
     ])
 
 
@@ -160,9 +160,9 @@ def test_host_keys_from_home_known_hosts(
 ) -> None:
     """Unknown key: refused; --accept-new-host-keys records it; a changed key: refused."""
     monkeypatch.setenv("HOME", str(tmp_path))
-    base = ["host", ssh_env.server.target, "--user", "ha-sudo", "--identity",
+    base = ["host", ssh_env.server.target, "--user", SUDO, "--identity",
             str(ssh_env.lab.client_key)]
-    code, _out, err = run_audit(capsys, *base)
+    code, _, err = run_audit(capsys, *base)
     assert code == 3 and "not in known_hosts" in err and err.count("\n") == 1
     code, _, err = run_audit(capsys, *base, "--accept-new-host-keys")
     assert code in (0, 1) and err == ""
@@ -202,7 +202,7 @@ def test_namespace_hosts_dead_and_alive(
             silent = f"10.200.{ns.index}.3:22"  # nobody answers ARP: packets go nowhere
             closed = f"{ns.address}:2223"
             code, out, err = run_audit(
-                capsys, "host", server.target, silent, closed, "--user", "ha-sudo",
+                capsys, "host", server.target, silent, closed, "--user", SUDO,
                 "--identity", str(ssh_env.lab.client_key), "--known-hosts", str(known),
                 "--timeout", "1", "--format", "json")
         finally:
@@ -366,7 +366,7 @@ def test_fix_script_for_one_remote_host(
     """The fix and its rollback are written for the audited host, and are valid bash."""
     fix = tmp_path / "fix.sh"
     code, _out, err = run_audit(capsys, "host", ssh_env.server.target,
-                                *ssh_env.cli_args("ha-sudo"), "--sudo", "--fix-script",
+                                *ssh_env.cli_args(SUDO), "--sudo", "--fix-script",
                                 str(fix))
     assert code in (0, 1), err
     rollback = tmp_path / "fix.rollback.sh"
@@ -382,6 +382,62 @@ def test_fix_options_take_exactly_one_host(
     ssh_env: SshEnv, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     code, _out, err = run_audit(capsys, "host", ssh_env.server.target, ssh_env.server.target,
-                                *ssh_env.cli_args("ha-sudo"), "--fix-script",
+                                *ssh_env.cli_args(SUDO), "--fix-script",
                                 str(tmp_path / "fix.sh"))
     assert code == 2 and "exactly one host" in err
+
+
+def test_ssh_config_alias(ssh_env: SshEnv, tmp_path: Path,
+                          capsys: pytest.CaptureFixture[str]) -> None:
+    """An alias from an ssh config supplies HostName, Port, User and IdentityFile."""
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        "Host gpu-alias\n    HostName 127.0.0.1\n"
+        f"    Port {ssh_env.server.port}\n    User {NOSUDO}\n"
+        f"    IdentityFile {ssh_env.lab.client_key}\n"
+    )
+    code, out, err = run_audit(capsys, "host", "gpu-alias", "--ssh-config", str(config),
+                               "--known-hosts", str(ssh_env.known_hosts), "--format", "json")
+    assert err == "" and code in (0, 1)
+    assert json.loads(out)["target"] == f"ssh://{NOSUDO}@gpu-alias:{ssh_env.server.port}"
+
+
+@ssh
+def test_proxyjump_checks_the_jump_hosts_key_too(
+    ssh_env: SshEnv, fleet: list[Sshd], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        f"Host jump\n    HostName 127.0.0.1\n    Port {ssh_env.server.port}\n"
+        f"    User {NOSUDO}\n    IdentityFile {ssh_env.lab.client_key}\n"
+        f"Host behind\n    HostName 127.0.0.1\n    Port {fleet[0].port}\n"
+        f"    User {SUDO}\n    IdentityFile {ssh_env.lab.client_key}\n    ProxyJump jump\n"
+    )
+    both = tmp_path / "both"
+    ssh_env.lab.known_hosts(both, [ssh_env.server, fleet[0]])
+    code, out, err = run_audit(capsys, "host", "behind", "--ssh-config", str(config),
+                               "--known-hosts", str(both), "--format", "json")
+    assert err == "" and code in (0, 1)
+    assert json.loads(out)["findings"]
+    only_target = tmp_path / "only-target"
+    ssh_env.lab.known_hosts(only_target, [fleet[0]])
+    code, _, err = run_audit(capsys, "host", "behind", "--ssh-config", str(config),
+                             "--known-hosts", str(only_target))
+    assert code == 3
+    assert f"[127.0.0.1]:{ssh_env.server.port} is not in known_hosts" in err
+
+
+def test_progress_bar_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    from auditor.cli_host import _progress
+
+    advance, stop = _progress(3)
+    assert advance is None  # stderr is captured, not a terminal
+    stop()
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    advance, stop = _progress(3)
+    assert advance is not None
+    for _ in range(3):
+        advance(Report("h", "ssh://h", "", 0.0, ()))
+    stop()
+    assert _progress(1)[0] is None  # one host: no bar

@@ -235,6 +235,14 @@ def test_garbage_answers_are_collect_errors(garbage: bytes) -> None:
         parse_output(garbage, "gpu-01")
 
 
+def test_a_greeting_before_the_answer_is_skipped(h200: Sysroot) -> None:
+    """An rc file that prints on a non-interactive login does not break the collection."""
+    command = remote_command(rooted(h200.root, ["/proc/sys/kernel/numa_balancing"]))
+    answer = run_remote_command(command)
+    collection = parse_output(b"Welcome to gpu-01\nlast login: never\n" + answer)
+    assert collection.tar == parse_output(answer).tar
+
+
 def test_patterns_for_joins_the_checks_reads_once() -> None:
     checks = load_checks()
     patterns = collect.patterns_for(checks)

@@ -18,6 +18,7 @@ from auditor.cli import main
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity
 from auditor.snapshot import snapshot
+from tests.auditor.conftest import SUDO
 
 AUDIT = str(Path(sys.executable).with_name("audit"))
 
@@ -118,7 +119,7 @@ def test_snapshot_over_ssh_replays_to_the_same_findings(ssh_env: Any, tmp_path: 
     server = ssh_env.server
     proc = subprocess.run(
         [AUDIT, "snapshot", f"{server.address}:{server.port}", "-o", str(capture), "--sudo",
-         *ssh_env.cli_args("ha-sudo")],
+         *ssh_env.cli_args(SUDO)],
         capture_output=True, text=True, check=False, timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
@@ -137,7 +138,7 @@ def test_snapshot_of_an_unknown_host_key_is_refused(ssh_env: Any, tmp_path: Path
     server = ssh_env.server
     proc = subprocess.run(
         [AUDIT, "snapshot", f"{server.address}:{server.port}", "-o", str(tmp_path / "x.tgz"),
-         "--user", "ha-sudo", "--identity", str(ssh_env.lab.client_key),
+         "--user", SUDO, "--identity", str(ssh_env.lab.client_key),
          "--known-hosts", str(tmp_path / "empty_known_hosts")],
         capture_output=True, text=True, check=False, timeout=60,
     )

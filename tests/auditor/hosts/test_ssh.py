@@ -17,7 +17,7 @@ from auditor.hosts import LocalHost
 from auditor.hosts.ssh import SshHost, SshTarget, parse_target
 from auditor.registry import load_checks
 from auditor.runner import audit
-from tests.auditor.conftest import SshEnv
+from tests.auditor.conftest import DROP, NOPY, NOSUDO, SUDO, SshEnv
 from tests.sshd import DelayProxy, SilentListener, keygen, netem_available, netns, netns_available
 
 pytestmark = pytest.mark.ssh
@@ -29,7 +29,7 @@ PATTERNS = [*collect.patterns_for(load_checks()), PCI_CONFIGS, "/proc/devices"]
 STABLE_PATTERNS = [p for p in PATTERNS if not p.startswith("/proc/[0-9]")]
 
 
-def open_host(env: SshEnv, user: str = "ha-sudo", target: str | None = None,
+def open_host(env: SshEnv, user: str = SUDO, target: str | None = None,
               patterns: list[str] | None = None, **options: object) -> SshHost:
     return SshHost.open(parse_target(target or env.server.target), env.options(user, **options),
                         patterns or PATTERNS)
@@ -61,7 +61,7 @@ def test_reads_match_the_live_host(ssh_env: SshEnv) -> None:
     host = open_host(ssh_env, sudo=True)
     local = LocalHost()
     assert host.kind == "ssh"
-    assert host.target == f"ssh://ha-sudo@127.0.0.1:{ssh_env.server.port}"
+    assert host.target == f"ssh://{SUDO}@127.0.0.1:{ssh_env.server.port}"
     assert host.name == (local.read_optional("/etc/hostname") or "").split()[0]
     assert host.collection is not None and host.collection.method == "python"
     assert host.collection.root and host.privilege_note == ""
@@ -88,15 +88,15 @@ def test_tcp_nodelay_is_set(ssh_env: SshEnv) -> None:
 def test_sudo_reads_full_pci_config_and_without_it_64_bytes(ssh_env: SshEnv) -> None:
     if not LocalHost().glob(PCI_CONFIGS):
         pytest.skip("this machine has no PCI devices")
-    full = config_sizes(open_host(ssh_env, "ha-sudo", sudo=True))
-    plain = config_sizes(open_host(ssh_env, "ha-sudo", sudo=False))
+    full = config_sizes(open_host(ssh_env, SUDO, sudo=True))
+    plain = config_sizes(open_host(ssh_env, SUDO, sudo=False))
     assert full and set(full) == set(plain)
     assert set(plain.values()) == {64}
     assert all(size > 64 for size in full.values())
 
 
 def test_sudo_needing_a_password_falls_back_with_a_note(ssh_env: SshEnv) -> None:
-    host = open_host(ssh_env, "ha-nosudo", sudo=True)
+    host = open_host(ssh_env, NOSUDO, sudo=True)
     assert host.collection is not None
     assert host.collection.sudo == "denied" and not host.collection.root
     assert "sudo -n needs a password" in host.privilege_note
@@ -106,8 +106,8 @@ def test_sudo_needing_a_password_falls_back_with_a_note(ssh_env: SshEnv) -> None
 
 
 def test_host_without_python_uses_sh_and_reads_the_same(ssh_env: SshEnv) -> None:
-    python = open_host(ssh_env, "ha-nosudo")
-    shell = open_host(ssh_env, "ha-nopy")
+    python = open_host(ssh_env, NOSUDO)
+    shell = open_host(ssh_env, NOPY)
     assert shell.collection is not None and python.collection is not None
     assert (python.collection.method, shell.collection.method) == ("python", "sh")
     for pattern in STABLE_PATTERNS:
@@ -177,7 +177,7 @@ def test_silent_server_times_out(ssh_env: SshEnv) -> None:
 
 
 def test_connection_dropped_mid_audit(ssh_env: SshEnv) -> None:
-    host = SshHost(parse_target(ssh_env.server.target), ssh_env.options("ha-drop"))
+    host = SshHost(parse_target(ssh_env.server.target), ssh_env.options(DROP))
     host.connect()
     with pytest.raises(HostUnreachable, match=r"dropped|exited"):
         host.collect(PATTERNS)
@@ -194,7 +194,7 @@ def _collect_times(target: str, env: SshEnv, rounds: int = 5) -> tuple[float, fl
     """Return the fastest connect and collect seconds of a few runs (least disturbed by load)."""
     connects, collects = [], []
     for _ in range(rounds):
-        host = SshHost(parse_target(target), env.options("ha-nosudo"))
+        host = SshHost(parse_target(target), env.options(NOSUDO))
         host.connect()
         host.collect(PATTERNS)
         connects.append(host.connect_s)
