@@ -59,6 +59,24 @@ class Host(ABC):
 
     def resolve(self, path: str) -> str:
         """Return ``path`` with every symlink followed, never leaving the host's root."""
+        norm = _normalise(path)
+        parent, _, name = norm.rpartition("/")
+        if name in ("", ".", ".."):
+            return self._walk(norm)
+        # Checks read many files of one directory: resolve each directory once.
+        cache: dict[str, str] = self.__dict__.setdefault("_resolved_dirs", {})
+        resolved_parent = cache.get(parent)
+        if resolved_parent is None:
+            resolved_parent = self._walk(parent or "/")
+            cache[parent] = resolved_parent
+        candidate = resolved_parent.rstrip("/") + "/" + name
+        entry = self.lstat(candidate)
+        if entry is not None and entry.kind == "link":
+            return self._walk(candidate)
+        return candidate
+
+    def _walk(self, path: str) -> str:
+        """Follow every symlink in ``path`` component by component, clamped at the root."""
         pending = [p for p in _normalise(path).split("/") if p]
         resolved: list[str] = []
         hops = 0
