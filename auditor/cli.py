@@ -67,6 +67,16 @@ ProfileOpt = Annotated[
     typer.Option("--profile", help="Built-in profile: gpu-inference, latency, throughput."),
 ]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Re-raise a failing check's exception.")]
+FixScriptOpt = Annotated[
+    str | None, typer.Option("--fix-script", help="Write a bash script that fixes the "
+                             "findings (a dry run: nothing changes).", metavar="FILE")
+]
+RollbackScriptOpt = Annotated[
+    str | None, typer.Option("--rollback-script", help="Write the script that undoes the "
+                             "fix (default: FILE.rollback.sh beside --fix-script).",
+                             metavar="FILE")
+]
+YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Apply without asking.")]
 
 
 @dataclass(frozen=True)
@@ -146,18 +156,11 @@ def local_command(
     policy: PolicyOpt = None,
     profile: ProfileOpt = None,
     debug: DebugOpt = False,
-    fix_script: Annotated[
-        str | None, typer.Option("--fix-script", help="Write a bash script that fixes the "
-                                 "findings (a dry run: nothing changes).", metavar="FILE")
-    ] = None,
-    rollback_script: Annotated[
-        str | None, typer.Option("--rollback-script", help="Write the script that undoes the "
-                                 "fix (default: FILE.rollback.sh beside --fix-script).",
-                                 metavar="FILE")
-    ] = None,
+    fix_script: FixScriptOpt = None,
+    rollback_script: RollbackScriptOpt = None,
     apply: Annotated[bool, typer.Option("--apply", help="Run the fix, then audit again and "
                                         "show before and after.")] = False,
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="Apply without asking.")] = False,
+    yes: YesOpt = False,
 ) -> None:
     """Audit this machine, or a captured sysroot with --root."""
     options = AuditOptions(fmt, output, tuple(check or ()), tuple(skip or ()), fail_on,

@@ -29,11 +29,14 @@ from auditor.cli import (
     CheckOpt,
     DebugOpt,
     FailOnOpt,
+    FixScriptOpt,
     FormatOpt,
     OutputOpt,
     PolicyOpt,
     ProfileOpt,
+    RollbackScriptOpt,
     SkipOpt,
+    YesOpt,
     app,
     fatal,
     prepare,
@@ -309,15 +312,11 @@ def host_command(
     policy: PolicyOpt = None,
     profile: ProfileOpt = None,
     debug: DebugOpt = False,
-    fix_script: Annotated[str | None, typer.Option(
-        "--fix-script", metavar="FILE",
-        help="Write a bash fix script for the findings (one host); a rollback goes beside it.")
-    ] = None,
-    rollback_script: Annotated[str | None, typer.Option(
-        "--rollback-script", metavar="FILE", help="Where to write the rollback script.")] = None,
+    fix_script: FixScriptOpt = None,
+    rollback_script: RollbackScriptOpt = None,
     apply: Annotated[bool, typer.Option(
         "--apply", help="Upload and run the fix with sudo, then audit again.")] = False,
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="Apply without asking.")] = False,
+    yes: YesOpt = False,
 ) -> None:
     """Audit remote Linux hosts over SSH; nothing is installed on them."""
     options = AuditOptions(fmt, output, tuple(check or ()), tuple(skip or ()), fail_on,
