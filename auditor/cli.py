@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
-from auditor.cli_fleet import register as register_fleet_commands
 from auditor.errors import AuditorError
 from auditor.model import FailOn, Report
 
@@ -233,8 +232,6 @@ def explain_command(check_id: Annotated[str, typer.Argument(metavar="ID")]) -> N
     print("\n".join(lines))
 
 
-register_fleet_commands(app)
-
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``audit`` command; return its exit code."""
@@ -254,7 +251,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     return EXIT_OK
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
 from auditor import cli_host  # noqa: E402, F401 - registers ``audit host``
+from auditor.cli_fleet import register as register_fleet_commands  # noqa: E402
+
+register_fleet_commands(app)
+
+
+if __name__ == "__main__":
+    # Under ``python -m`` this file is ``__main__``, a copy apart from ``auditor.cli``;
+    # the command modules registered on the imported one, so run that.
+    from auditor.cli import main as registered_main
+
+    sys.exit(registered_main())

@@ -18,34 +18,26 @@ from typing import Annotated
 
 import typer
 
+# auditor.cli imports this module at its end, once what is taken from it is defined.
+from auditor.cli import (
+    EXIT_OK,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    AuditOptions,
+    CheckOpt,
+    DebugOpt,
+    FailOnOpt,
+    OutputOpt,
+    PolicyOpt,
+    ProfileOpt,
+    SkipOpt,
+    fatal,
+    prepare,
+    write_output,
+)
 from auditor.errors import AuditorError
 from auditor.model import FailOn
 
-# auditor.cli imports this module to register the commands, so the few things taken
-# from it are imported inside the commands; the option types are declared here.
-EXIT_OK, EXIT_USAGE, EXIT_UNREACHABLE = 0, 2, 3
-
-OutputOpt = Annotated[
-    str | None, typer.Option("--output", "-o", help="Write to FILE.", metavar="FILE")
-]
-CheckOpt = Annotated[
-    list[str] | None, typer.Option("--check", help="Only this check id (repeatable).")
-]
-SkipOpt = Annotated[
-    list[str] | None, typer.Option("--skip", help="Skip this check id (repeatable).")
-]
-FailOnOpt = Annotated[
-    FailOn, typer.Option("--fail-on", help="Lowest status that exits 1: warning or fail.")
-]
-PolicyOpt = Annotated[
-    str | None,
-    typer.Option("--policy", help="TOML policy file of thresholds and waivers.", metavar="FILE"),
-]
-ProfileOpt = Annotated[
-    str | None,
-    typer.Option("--profile", help="Built-in profile: gpu-inference, latency, throughput."),
-]
-DebugOpt = Annotated[bool, typer.Option("--debug", help="Re-raise a failing check's exception.")]
 RootOpt = Annotated[
     str | None,
     typer.Option("--root", help="Read a sysroot: a directory or a .tar.gz capture.",
@@ -78,7 +70,6 @@ def fingerprint_command(
     """Print a short, stable fingerprint of the host's tuned state, for benchmark results."""
     import json
 
-    from auditor.cli import AuditOptions, fatal, prepare, write_output
     from auditor.fleet import fingerprint, fingerprint_inputs
 
     if fmt not in ("text", "json"):
@@ -145,7 +136,6 @@ def merge_command(
     fail_on: FailOnOpt = FailOn.FAIL,
 ) -> None:
     """Merge per-host JSON results into one fleet report; diff against a golden host."""
-    from auditor.cli import fatal, write_output
     from auditor.fleet import FLEET_FORMATS, fleet_view, load_results, render_fleet
 
     if fmt not in FLEET_FORMATS:
@@ -189,7 +179,6 @@ def watch_command(
     debug: DebugOpt = False,
 ) -> None:
     """Re-run the affected checks on PCI and NVIDIA device events; print what changes."""
-    from auditor.cli import AuditOptions, fatal, prepare
     from auditor.watch import WATCHED, watch
 
     if source not in ("auto", "udev", "kernel"):
@@ -233,7 +222,6 @@ def snapshot_command(
         "--ssh-config", metavar="FILE", help="SSH: read this ssh config.")] = None,
 ) -> None:
     """Capture exactly what the checks read into a sysroot .tar.gz, for audit local --root."""
-    from auditor.cli import AuditOptions, fatal, prepare
     from auditor.snapshot import snapshot
 
     options = AuditOptions("text", None, tuple(check or ()), tuple(skip or ()))
