@@ -15,6 +15,10 @@ RUNTIME_PATH = "/proc/sys/kernel/numa_balancing"
 #: directory masks the same name in a later one.
 SYSCTL_DIRS = ("/etc/sysctl.d", "/run/sysctl.d", "/usr/local/lib/sysctl.d", "/usr/lib/sysctl.d")
 SYSCTL_CONF = "/etc/sysctl.conf"
+CMDLINE_PATH = "/proc/cmdline"
+OSRELEASE_PATH = "/proc/sys/kernel/osrelease"
+#: The kernel's build configuration, which says whether balancing starts on.
+KERNEL_CONFIGS = "/boot/config-*"
 
 MODES = {
     "0": "disabled",
@@ -34,6 +38,30 @@ def sysctl_files(host: Host) -> list[str]:
     if host.exists(SYSCTL_CONF):
         ordered.append(SYSCTL_CONF)
     return ordered
+
+
+def cmdline_value(host: Host) -> str | None:
+    """Return the ``numa_balancing=`` value on the running kernel's command line, or None."""
+    value = None
+    for word in (host.read_optional(CMDLINE_PATH) or "").split():
+        name, sep, rest = word.partition("=")
+        if sep and name == "numa_balancing":
+            value = rest
+    return value
+
+
+def default_enabled(host: Host) -> bool:
+    """Return whether the running kernel turns balancing on at boot on a NUMA machine.
+
+    Distribution kernels build with ``CONFIG_NUMA_BALANCING_DEFAULT_ENABLED=y``; only a
+    kernel config saying otherwise makes the default off.
+    """
+    release = (host.read_optional(OSRELEASE_PATH) or "").strip()
+    config = host.read_optional(f"/boot/config-{release}") if release and "/" not in release \
+        else None
+    if config is None:
+        return True
+    return "# CONFIG_NUMA_BALANCING_DEFAULT_ENABLED is not set" not in config
 
 
 def boot_value(host: Host, key: str) -> tuple[str, str] | None:
@@ -68,6 +96,9 @@ class NumaBalancing(Check):
         "/sys/devices/system/node/online",
         *(f"{d}/*.conf" for d in SYSCTL_DIRS),
         SYSCTL_CONF,
+        CMDLINE_PATH,
+        OSRELEASE_PATH,
+        KERNEL_CONFIGS,
     )
     rationale: ClassVar[str] = (
         "With kernel.numa_balancing on, the kernel unmaps pages to sample accesses and migrates "
@@ -118,8 +149,20 @@ class NumaBalancing(Check):
                 observed=f"0 (boot: {boot[0]})", expected="0", fix=f"set it to 0 in {boot[1]}",
                 evidence=evidence,
             )
+        elif boot is None and cmdline_value(host) not in ("disable", "0") \
+                and default_enabled(host):
+            yield self.warned(
+                "kernel",
+                f"automatic NUMA balancing is off now on {len(nodes)} nodes, but no sysctl "
+                "file keeps it off: the kernel's default (on) comes back at the next boot",
+                observed="0 (boot: kernel default, on)", expected="0", fix=fix,
+                evidence=evidence,
+            )
         else:
+            kept = boot_note or (
+                "; the boot command line keeps it off" if cmdline_value(host) in ("disable", "0")
+                else "; the kernel starts with it off")
             yield self.passed(
-                "kernel", f"automatic NUMA balancing is disabled on {len(nodes)} nodes{boot_note}",
+                "kernel", f"automatic NUMA balancing is disabled on {len(nodes)} nodes{kept}",
                 observed=runtime, expected="0", evidence=evidence,
             )

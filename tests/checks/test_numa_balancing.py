@@ -31,10 +31,37 @@ def test_enabled_on_two_nodes_fails(h200: Sysroot) -> None:
     assert "2 nodes" in message
 
 
-def test_disabled_on_two_nodes_passes(h200: Sysroot) -> None:
+def test_disabled_on_two_nodes_and_at_boot_passes(h200: Sysroot) -> None:
     add_node(h200, 1)
     h200.write("/proc/sys/kernel/numa_balancing", "0\n")
-    assert verdicts(h200)[0][0] is Status.PASS
+    h200.write("/etc/sysctl.d/60-numa.conf", "kernel.numa_balancing = 0\n")
+    [(status, message)] = verdicts(h200)
+    assert status is Status.PASS
+    assert "/etc/sysctl.d/60-numa.conf:1" in message
+
+
+def test_disabled_now_but_not_at_boot_warns(h200: Sysroot) -> None:
+    add_node(h200, 1)
+    h200.write("/proc/sys/kernel/numa_balancing", "0\n")
+    [(status, message)] = verdicts(h200)
+    assert status is Status.WARN
+    assert "next boot" in message
+
+
+def test_boot_command_line_or_kernel_default_keeps_it_off(h200: Sysroot) -> None:
+    add_node(h200, 1)
+    h200.write("/proc/sys/kernel/numa_balancing", "0\n")
+    cmdline = h200.read("/proc/cmdline").strip()
+    h200.write("/proc/cmdline", f"{cmdline} numa_balancing=disable\n")
+    [(status, message)] = verdicts(h200)
+    assert (status, "command line" in message) == (Status.PASS, True)
+    h200.write("/proc/cmdline", f"{cmdline} numa_balancing=enable\n")
+    assert verdicts(h200)[0][0] is Status.WARN
+    release = h200.read("/proc/sys/kernel/osrelease").strip()
+    h200.write(f"/boot/config-{release}",
+               "CONFIG_NUMA_BALANCING=y\n# CONFIG_NUMA_BALANCING_DEFAULT_ENABLED is not set\n")
+    [(status, message)] = verdicts(h200)
+    assert (status, "starts with it off" in message) == (Status.PASS, True)
 
 
 def test_boot_file_that_reverts_runtime_fix_fails(h200: Sysroot) -> None:

@@ -48,6 +48,21 @@ def test_nothing_sets_it_so_a_drop_in_is_written(h200: Sysroot, tmp_path: Path) 
 
 
 @needs_root
+def test_off_now_but_not_at_boot_gets_only_the_drop_in(h200: Sysroot, tmp_path: Path) -> None:
+    add_node(h200, 1)
+    h200.write("/proc/sys/kernel/numa_balancing", "0\n")
+    assert statuses(audit_root(h200), "numa.balancing") == {Status.WARN}
+    plan, fix, rollback, copy, before = fix_cycle(h200, tmp_path)
+    [section] = [s for s in plan.sections if s.remedy.check == "numa.balancing"]
+    assert [a.phase for a in section.actions] == ["persistent"]
+    assert (copy / "etc/sysctl.d/99-zz-host-auditor-numa.conf").read_text() == (
+        "kernel.numa_balancing = 0\n"
+    )
+    assert statuses(audit_root(copy), "numa.balancing") == {Status.PASS}
+    assert_idempotent_and_reversible(fix, rollback, copy, before)
+
+
+@needs_root
 def test_sysctl_conf_is_applied_last_so_its_line_is_changed(h200: Sysroot, tmp_path: Path) -> None:
     plant(h200)
     original = h200.read("/etc/sysctl.conf")
