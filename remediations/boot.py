@@ -1,8 +1,11 @@
 """The boot command line: where this host keeps it, and the edit that adds parameters.
 
-Detected through the Host seam: ``/etc/kernel/cmdline`` with proxmox-boot-tool,
-``/etc/default/grub`` (and ``/etc/default/grub.d/*.cfg``, sourced after it) with
-update-grub, grub2-mkconfig or grubby, or a plain ``/etc/kernel/cmdline``.
+Detected through the Host seam: ``/etc/kernel/cmdline`` with proxmox-boot-tool
+(systemd-boot), ``/etc/default/grub`` (and ``/etc/default/grub.d/*.cfg``, sourced
+after it) with update-grub, grub2-mkconfig or grubby (or proxmox-boot-tool where
+it keeps GRUB on several disks), or a plain ``/etc/kernel/cmdline``. A Proxmox
+host with both files boots from the one its running kernel came through: GRUB
+puts ``BOOT_IMAGE=`` on the command line, systemd-boot does not.
 """
 
 from __future__ import annotations
@@ -73,7 +76,10 @@ def boot_remedy(host: Host, params: Sequence[str], os_release: Mapping[str, str]
     steps: list[Step] = []
     notes: list[str] = []
     family = _family(os_release)
-    if host.exists(PROXMOX_BOOT_UUIDS) and host.exists(KERNEL_CMDLINE):
+    proxmox = host.exists(PROXMOX_BOOT_UUIDS)
+    grub_booted = "BOOT_IMAGE=" in (host.read_optional("/proc/cmdline") or "")
+    if proxmox and host.exists(KERNEL_CMDLINE) and not (grub_booted
+                                                         and host.exists(GRUB_DEFAULT)):
         steps += _cmdline_file(host, params)
         if steps:
             steps.append(RunCommand(("proxmox-boot-tool", "refresh"), after=(0,),
@@ -104,6 +110,10 @@ def boot_remedy(host: Host, params: Sequence[str], os_release: Mapping[str, str]
                     if added else (),
                     optional=True,
                 ))
+            elif proxmox:
+                # proxmox-boot-tool runs update-grub and copies the result to every ESP.
+                steps.append(RunCommand(("proxmox-boot-tool", "refresh"), after=(0,),
+                                        undo=("proxmox-boot-tool", "refresh")))
             else:
                 steps.append(RunCommand(("update-grub",), after=(0,), undo=("update-grub",)))
                 if family != "debian":

@@ -133,6 +133,12 @@ class HostSpec:
     stale_lxc_major: bool = True
     uvm_major: int = 511
     stale_uvm_major: int = 509
+    #: "amd" (amd-pstate-epp, acpi_idle) or "intel" (intel_pstate, intel_idle).
+    vendor: str = "amd"
+    #: "systemd-boot" (/etc/kernel/cmdline, as Proxmox on ZFS) or "grub" only.
+    boot: str = "systemd-boot"
+    #: Write the container's allow rules with the cgroup v1 key.
+    cgroup1: bool = False
 
 
 def build_host(spec: HostSpec | None = None) -> Tree:
@@ -143,18 +149,25 @@ def build_host(spec: HostSpec | None = None) -> Tree:
     last = spec.cpus - 1
     for name in ("online", "possible", "present"):
         tree.put(f"{cpu}/{name}", f"0-{last}\n")
-    tree.put(f"{cpu}/cpuidle/current_driver", "acpi_idle\n")
+    intel = spec.vendor == "intel"
+    tree.put(f"{cpu}/cpuidle/current_driver", "intel_idle\n" if intel else "acpi_idle\n")
     tree.put(f"{cpu}/cpuidle/current_governor", "menu\n")
-    tree.put(f"{cpu}/amd_pstate/status", "active\n")
-    tree.put(f"{cpu}/cpufreq/boost", "1\n")
+    if intel:
+        tree.put(f"{cpu}/intel_pstate/status", "active\n")
+        tree.put(f"{cpu}/intel_pstate/no_turbo", "0\n")
+    else:
+        tree.put(f"{cpu}/amd_pstate/status", "active\n")
+        tree.put(f"{cpu}/cpufreq/boost", "1\n")
     governor = "powersave" if spec.bad_governor else "performance"
     epp = "balance_power" if spec.bad_governor else "performance"
-    states = [("POLL", 0, 0), ("C1", 1, 2), ("C2", 800, 1600)]
+    states = ([("POLL", 0, 0), ("C1", 1, 1), ("C1E", 4, 4), ("C6", 170, 600)] if intel
+              else [("POLL", 0, 0), ("C1", 1, 2), ("C2", 800, 1600)])
+    deep = "C6" if intel else "C2"
     for n in range(spec.cpus):
         policy = f"{cpu}/cpufreq/policy{n}"
         tree.links[f"{cpu}/cpu{n}/cpufreq"] = f"../cpufreq/policy{n}"
         for key, value in {
-            "scaling_driver": "amd-pstate-epp",
+            "scaling_driver": "intel_pstate" if intel else "amd-pstate-epp",
             "scaling_governor": governor,
             "scaling_available_governors": "performance powersave",
             "affected_cpus": str(n),
@@ -170,9 +183,10 @@ def build_host(spec: HostSpec | None = None) -> Tree:
             tree.put(f"{policy}/{key}", value + "\n")
         for index, (name, latency, residency) in enumerate(states):
             state = f"{cpu}/cpu{n}/cpuidle/state{index}"
-            disabled = "1" if (name == "C2" and not spec.deep_cstates) else "0"
+            disabled = "1" if (name == deep and not spec.deep_cstates) else "0"
             for key, value in {
-                "name": name, "desc": f"ACPI {name}", "latency": str(latency),
+                "name": name, "desc": f"{'MWAIT' if intel else 'ACPI'} {name}",
+                "latency": str(latency),
                 "residency": str(residency), "disable": disabled, "default_status": "enabled",
             }.items():
                 tree.put(f"{state}/{key}", value + "\n")
@@ -188,12 +202,18 @@ def build_host(spec: HostSpec | None = None) -> Tree:
     running = "6.8.12-4-pve" if spec.old_kernel else "6.14.8-2-pve"
     tree.put("/proc/sys/kernel/osrelease", running + "\n")
     tree.put("/proc/version", f"Linux version {running} (build@proxmox) #1 SMP PREEMPT_DYNAMIC\n")
-    tree.put("/proc/cmdline", f"BOOT_IMAGE=/boot/vmlinuz-{running} root=/dev/mapper/pve-root ro "
-             "quiet\n")
+    if spec.boot == "systemd-boot":
+        tree.put("/proc/cmdline", f"initrd=\\EFI\\proxmox\\{running}\\initrd.img-{running} "
+                 "root=ZFS=rpool/ROOT/pve-1 boot=zfs\n")
+        tree.put("/etc/kernel/proxmox-boot-uuids", "2A4B-1C3D\n2A4B-1C3E\n")
+    else:
+        tree.put("/proc/cmdline", f"BOOT_IMAGE=/boot/vmlinuz-{running} "
+                 "root=/dev/mapper/pve-root ro quiet\n")
     for version in {running, "6.14.8-2-pve"}:
         tree.put(f"/boot/vmlinuz-{version}", b"\x7fELF")
         tree.put(f"/lib/modules/{version}/modules.dep", "")
-    tree.put("/etc/kernel/cmdline", "root=ZFS=rpool/ROOT/pve-1 boot=zfs\n")
+    if spec.boot == "systemd-boot":
+        tree.put("/etc/kernel/cmdline", "root=ZFS=rpool/ROOT/pve-1 boot=zfs\n")
     tree.put("/etc/default/grub", 'GRUB_DEFAULT=0\nGRUB_CMDLINE_LINUX_DEFAULT="quiet"\n'
              'GRUB_CMDLINE_LINUX=""\n')
     tree.put("/etc/hostname", spec.hostname + "\n")
@@ -271,6 +291,7 @@ def build_host(spec: HostSpec | None = None) -> Tree:
                      "Model: \t\t NVIDIA B200\nBus Location: \t " + address + "\n")
 
     allowed = spec.stale_uvm_major if spec.stale_lxc_major else spec.uvm_major
+    allow = "lxc.cgroup.devices.allow" if spec.cgroup1 else "lxc.cgroup2.devices.allow"
     mounts = [f"/dev/nvidia{i}" for i in range(spec.gpus)] + [
         "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
     ]
@@ -278,9 +299,9 @@ def build_host(spec: HostSpec | None = None) -> Tree:
         "arch: amd64", "cores: 64", "hostname: inference", "memory: 524288",
         "net0: name=eth0,bridge=vmbr0,hwaddr=BC:24:11:00:00:01,ip=dhcp,type=veth",
         "ostype: ubuntu", "rootfs: local-zfs:subvol-101-disk-0,size=200G", "unprivileged: 0",
-        "lxc.cgroup2.devices.allow: c 195:* rwm",
-        f"lxc.cgroup2.devices.allow: c {allowed}:* rwm",
-        f"lxc.cgroup2.devices.allow: c {spec.uvm_major + 2}:* rwm",
+        f"{allow}: c 195:* rwm",
+        f"{allow}: c {allowed}:* rwm",
+        f"{allow}: c {spec.uvm_major + 2}:* rwm",
     ]
     lines += [
         f"lxc.mount.entry: {node} {node[1:]} none bind,optional,create=file" for node in mounts

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from auditor.cli import main
+from tests.fixkit import needs_root, run, tree_hash
 from tests.hostgen import HostSpec, build_host
 
 GPUS = [f"0000:{0x18 + i * 0x10:02x}:00.0" for i in range(8)]
@@ -79,3 +80,48 @@ def test_the_tuned_host_passes(tmp_path: Path, capsys: pytest.CaptureFixture[str
     problems = [f for f in findings if f["status"] in ("fail", "error")]
     assert problems == []
     assert code == 0
+
+
+#: What the fix script repairs on this host; the kernel upgrade stays the operator's choice.
+FIXED = ("cpu.governor", "cpu.cstates", "numa.balancing", "pcie.mrrs", "lxc.device_majors")
+
+
+@needs_root
+@pytest.mark.parametrize("spec", [
+    HostSpec(),
+    HostSpec(hostname="gpu-intel-07", vendor="intel", boot="grub", cgroup1=True, cpus=96),
+], ids=["amd-systemd-boot", "intel-grub-cgroup1"])
+def test_fix_script_repairs_the_host_and_its_rollback_restores_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], spec: HostSpec
+) -> None:
+    """As a user would: write the fix, run it with bash, audit again, run it twice, undo it."""
+    root = build_host(spec).write_dir(tmp_path / "root")
+    fix = tmp_path / "fix.sh"
+    code = main(["local", "--root", str(root), "--fix-script", str(fix)])
+    capsys.readouterr()
+    assert code == 1
+    before = tree_hash(root)
+    result = run(fix)
+    assert result.returncode == 0, result.stdout + result.stderr
+    code, data = audit_json(root, capsys)
+    for check in FIXED:
+        findings = [f for f in data["findings"] if f["check"] == check]  # type: ignore[union-attr]
+        assert findings and {f["status"] for f in findings} == {"pass"}, (check, findings)
+    [kernel] = by_status(data, "kernel.version", "fail")
+    assert "6.8.12-4-pve" in kernel["observed"]
+    # The boot parameters land where this host's boot loader reads them.
+    loader = "etc/kernel/cmdline" if spec.boot == "systemd-boot" else "etc/default/grub"
+    assert "processor.max_cstate=1" in (root / loader).read_text()
+    if spec.boot == "systemd-boot":
+        assert "max_cstate" not in (root / "etc/default/grub").read_text()
+    boot = next(f for f in data["findings"]  # type: ignore[union-attr]
+                if f["check"] == "numa.balancing")["evidence"]
+    assert boot["boot_value"] == "0"
+    fixed = tree_hash(root)
+    again = run(fix)
+    assert again.returncode == 0, again.stderr
+    assert tree_hash(root) == fixed
+    rollback = tmp_path / "fix.rollback.sh"
+    undone = run(rollback)
+    assert undone.returncode == 0, undone.stdout + undone.stderr
+    assert tree_hash(root) == before

@@ -64,12 +64,26 @@ def test_rhel_regenerates_with_grub2_mkconfig_and_grubby(h200: Sysroot) -> None:
 
 
 def test_proxmox_boot_tool_uses_kernel_cmdline(h200: Sysroot) -> None:
+    """Booted through systemd-boot (no BOOT_IMAGE= on the command line): /etc/kernel/cmdline."""
     h200.write("/etc/kernel/cmdline", "root=ZFS=rpool/ROOT/pve-1 boot=zfs\n")
     h200.write("/etc/kernel/proxmox-boot-uuids", "1234-ABCD\n")
     h200.write("/etc/default/grub", GRUB)
+    h200.write("/proc/cmdline", "initrd=\\EFI\\proxmox\\6.8.12-4-pve\\initrd.img-6.8.12-4-pve "
+               "root=ZFS=rpool/ROOT/pve-1 boot=zfs\n")
     edit, refresh = boot_remedy(DirectoryHost(str(h200.root)), PARAMS, DEBIAN).persistent
     assert isinstance(edit, ReplaceLine) and edit.path == "/etc/kernel/cmdline"
     assert edit.new == "root=ZFS=rpool/ROOT/pve-1 boot=zfs " + " ".join(PARAMS)
+    assert isinstance(refresh, RunCommand) and refresh.argv == ("proxmox-boot-tool", "refresh")
+
+
+def test_proxmox_booted_through_grub_edits_default_grub(h200: Sysroot) -> None:
+    """proxmox-boot-tool keeping GRUB (BOOT_IMAGE= on the command line): /etc/default/grub."""
+    h200.write("/etc/kernel/cmdline", "root=ZFS=rpool/ROOT/pve-1 boot=zfs\n")
+    h200.write("/etc/kernel/proxmox-boot-uuids", "1234-ABCD\n")
+    h200.write("/etc/default/grub", GRUB)
+    assert "BOOT_IMAGE=" in h200.read("/proc/cmdline")
+    edit, refresh = boot_remedy(DirectoryHost(str(h200.root)), PARAMS, DEBIAN).persistent
+    assert isinstance(edit, ReplaceLine) and edit.path == "/etc/default/grub"
     assert isinstance(refresh, RunCommand) and refresh.argv == ("proxmox-boot-tool", "refresh")
 
 
