@@ -68,15 +68,19 @@ def patterns_for(checks: Iterable[type[Check]], base: bool = True) -> list[str]:
 
 
 def write_tar(out: BinaryIO, patterns: Sequence[str], *, compress: bool = False,
-              cap: int = FILE_CAP) -> None:
-    """Write a tar (gzip if ``compress``) of every path the patterns match on this machine."""
-    collector_script.collect_to(out, list(patterns), compress=compress, cap=cap)
+              cap: int = FILE_CAP, root: str = "") -> None:
+    """Write a tar (gzip if ``compress``) of every path the patterns match on this machine.
+
+    ``root``: match below this sysroot directory; the tar holds the sysroot's own paths.
+    """
+    collector_script.collect_to(out, list(patterns), compress=compress, cap=cap, root=root)
 
 
-def collect_tar(patterns: Sequence[str], *, compress: bool = False, cap: int = FILE_CAP) -> bytes:
+def collect_tar(patterns: Sequence[str], *, compress: bool = False, cap: int = FILE_CAP,
+                root: str = "") -> bytes:
     """Return a tar (gzip if ``compress``) of every path the patterns match on this machine."""
     buffer = io.BytesIO()
-    write_tar(buffer, patterns, compress=compress, cap=cap)
+    write_tar(buffer, patterns, compress=compress, cap=cap, root=root)
     return buffer.getvalue()
 
 
@@ -99,15 +103,15 @@ denied() {
     return 1
 }
 emit_file() {
-    [ -r "$1" ] || return 0
+    [ -r "$R$1" ] || return 0
     printf 'F%s\0' "$1"
-    rc=$( { { head -c "$cap" "$1" 2>/dev/null; echo "$?" >&3; } | od -An -v -tx1 >&4; } 3>&1 )
+    rc=$( { { head -c "$cap" "$R$1" 2>/dev/null; echo "$?" >&3; } | od -An -v -tx1 >&4; } 3>&1 )
     printf '\0%s\0' "$rc"
 }
 emit_dev() {
     kind=$1 node=$2
     IFS=' '
-    set -- $(ls -lnd "$node" 2>/dev/null)
+    set -- $(ls -lnd "$R$node" 2>/dev/null)
     IFS=
     [ -n "$6" ] || return 0
     printf '%s%s\0%s %s\0' "$kind" "$node" "${5%,}" "$6"
@@ -127,8 +131,8 @@ walk() {
         esac
         cand=$cur/$part
         if denied "$cand"; then return 0; fi
-        if [ -L "$cand" ]; then
-            target=$(readlink "$cand" && printf x)
+        if [ -L "$R$cand" ]; then
+            target=$(readlink "$R$cand" && printf x)
             [ -n "$target" ] || return 0
             target=${target%x}
             target=${target%?}
@@ -140,30 +144,37 @@ walk() {
             continue
         fi
         case $rest in *[!/]*) more=1 ;; *) more= ;; esac
-        if [ -d "$cand" ]; then
+        if [ -d "$R$cand" ]; then
             printf 'D%s\0' "$cand"
         elif [ -n "$more" ]; then
             return 0
-        elif [ -f "$cand" ]; then
+        elif [ -f "$R$cand" ]; then
             emit_file "$cand"
-        elif [ -c "$cand" ]; then
+        elif [ -c "$R$cand" ]; then
             emit_dev C "$cand"
-        elif [ -b "$cand" ]; then
+        elif [ -b "$R$cand" ]; then
             emit_dev B "$cand"
         fi
         [ -n "$more" ] || return 0
         cur=$cand
     done
 }
-printf 'sh uid=%s\n' "$(id -u)"
 [ "$1" != -z ] || shift
+R=
+if [ "$1" = -r ]; then
+    R=${2%/}
+    shift 2
+    if [ ! -d "$R/" ]; then printf '%s: no such directory\n' "$R" >&2; exit 2; fi
+fi
+printf 'sh uid=%s\n' "$(id -u)"
 IFS=
 for pattern in "$@"; do
     set +f
-    set -- $pattern
+    set -- "$R"$pattern
     set -f
     for path in "$@"; do
         if [ -e "$path" ] || [ -L "$path" ]; then
+            path=${path#"$R"}
             denied "$path" || walk "$path"
         fi
     done
@@ -203,13 +214,18 @@ def _collector_source() -> bytes:
     return base64.b64encode(zlib.compress(source, 9))
 
 
-def remote_command(patterns: Sequence[str], *, sudo: bool = False, compress: bool = False) -> str:
-    """Return the one shell command that collects ``patterns`` on a remote host."""
+def remote_command(patterns: Sequence[str], *, sudo: bool = False, compress: bool = False,
+                   root: str | None = None) -> str:
+    """Return the one shell command that collects ``patterns`` on a remote host.
+
+    ``root``: a sysroot directory on that host to collect from instead of its ``/``.
+    """
     arguments = [
         "1" if sudo else "0",
         _collector_source().decode("ascii"),
         SH_COLLECTOR,
         *(["-z"] if compress else []),
+        *(["-r", root] if root and root != "/" else []),
         *patterns,
     ]
     return "exec sh -c " + " ".join(shlex.quote(a) for a in [_WRAPPER, "audit-collect", *arguments])

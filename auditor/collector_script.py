@@ -67,8 +67,12 @@ def _join(base: str, name: str) -> str:
     return base.rstrip("/") + "/" + name
 
 
-def expand(pattern: str) -> List[str]:
-    """Return the paths matching an absolute shell pattern, as the Host seam's glob does."""
+def expand(pattern: str, root: str = "") -> List[str]:
+    """Return the paths matching an absolute shell pattern, as the Host seam's glob does.
+
+    With ``root`` (a sysroot directory), the pattern is matched below it and the
+    paths returned are the sysroot's own (``/etc/...``, not ``ROOT/etc/...``).
+    """
     parts = [p for p in pattern.split("/") if p and p != "."]
     found = ["/"]
     for index, part in enumerate(parts):
@@ -77,7 +81,7 @@ def expand(pattern: str) -> List[str]:
         for base in found:
             if _has_magic(part):
                 try:
-                    names = os.listdir(base)
+                    names = os.listdir(root + base)
                 except OSError:
                     continue
                 matches = [n for n in names if fnmatch.fnmatchcase(n, part)]
@@ -86,17 +90,22 @@ def expand(pattern: str) -> List[str]:
                 following.extend(_join(base, n) for n in sorted(matches))
             else:
                 candidate = _join(base, part)
-                if last or os.path.isdir(candidate):
+                if last or os.path.isdir(root + candidate):
                     following.append(candidate)
         found = following
-    return [p for p in found if os.path.lexists(p)]
+    return [p for p in found if os.path.lexists(root + p)]
 
 
 class Collector:
-    """Write entries into a tar stream, each path once, parents before children."""
+    """Write entries into a tar stream, each path once, parents before children.
 
-    def __init__(self, out: BinaryIO, cap: int = FILE_CAP) -> None:
+    Paths are the host's (or, with ``root``, the sysroot's): a symlink's absolute
+    target is followed inside the root, as a chroot would.
+    """
+
+    def __init__(self, out: BinaryIO, cap: int = FILE_CAP, root: str = "") -> None:
         self.cap = cap
+        self.root = root
         self.tar = tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT)
         self.seen = set()  # type: Set[str]
 
@@ -127,7 +136,7 @@ class Collector:
             info.devmajor = os.major(st.st_rdev)
             info.devminor = os.minor(st.st_rdev)
         elif stat.S_ISREG(mode):
-            data = self._read(path)
+            data = self._read(self.root + path)
             if data is None:
                 return
             info.size = len(data)
@@ -169,12 +178,12 @@ class Collector:
             if denied(candidate):
                 return
             try:
-                st = os.lstat(candidate)
+                st = os.lstat(self.root + candidate)
             except OSError:
                 return
             if stat.S_ISLNK(st.st_mode):
                 try:
-                    target = os.readlink(candidate)
+                    target = os.readlink(self.root + candidate)
                 except OSError:
                     return
                 self._add(candidate, st, link=target)
@@ -192,14 +201,17 @@ class Collector:
 
     def add_pattern(self, pattern: str) -> None:
         """Record every path matching a pattern."""
-        for path in expand(pattern):
+        for path in expand(pattern, self.root):
             if not denied(path):
                 self.add_path(path)
 
 
 def collect_to(out: BinaryIO, patterns: List[str], compress: bool = False,
-               cap: int = FILE_CAP) -> None:
-    """Write the tar (gzip-compressed if asked) of every path the patterns match to ``out``."""
+               cap: int = FILE_CAP, root: str = "") -> None:
+    """Write the tar (gzip-compressed if asked) of every path the patterns match to ``out``.
+
+    ``root``: a sysroot directory to collect from instead of ``/`` ("" for the host).
+    """
     stream = out
     gz = None
     if compress:
@@ -207,7 +219,7 @@ def collect_to(out: BinaryIO, patterns: List[str], compress: bool = False,
 
         gz = gzip.GzipFile(fileobj=out, mode="wb", compresslevel=1, mtime=0)
         stream = gz  # type: ignore[assignment]
-    collector = Collector(stream, cap)
+    collector = Collector(stream, cap, root.rstrip("/"))
     try:
         for pattern in patterns:
             collector.add_pattern(pattern)
@@ -218,13 +230,22 @@ def collect_to(out: BinaryIO, patterns: List[str], compress: bool = False,
 
 
 def main(argv: List[str]) -> int:
-    """Collect the patterns in ``argv`` (``-z`` first to gzip) as a tar on stdout."""
+    """Collect the patterns in ``argv`` as a tar on stdout: ``[-z] [-r ROOT] PATTERN...``.
+
+    ``-z`` gzips the tar; ``-r ROOT`` collects from the sysroot directory ROOT.
+    """
     compress = bool(argv) and argv[0] == "-z"
     if compress:
         argv = argv[1:]
+    root = ""
+    if len(argv) >= 2 and argv[0] == "-r":
+        root, argv = argv[1], argv[2:]
     out = sys.stdout.buffer
+    if root and not os.path.isdir(root):
+        sys.stderr.write("%s: no such directory\n" % root)
+        return 2
     out.write(("python uid=%d\n" % os.geteuid()).encode("ascii"))
-    collect_to(out, argv, compress=compress)
+    collect_to(out, argv, compress=compress, root=root)
     out.flush()
     return 0
 

@@ -182,6 +182,46 @@ def test_sh_fallback_gives_the_same_tar_as_python(h200: Sysroot, tmp_path: Path)
     assert sh_members == py_members
 
 
+def test_collection_below_a_root_reads_like_the_directory(h200: Sysroot, tmp_path: Path) -> None:
+    """With a root, paths are the sysroot's own and absolute links resolve inside it."""
+    original = h200.read("/etc/sysctl.conf")
+    h200.write("/etc/sysctl.d/99-sysctl.conf", original + "kernel.numa_balancing = 1\n")
+    h200.remove("/etc/sysctl.conf")
+    h200.symlink("/etc/sysctl.conf", "/etc/sysctl.d/99-sysctl.conf")
+    patterns = [*PATTERNS, "/etc/sysctl.conf"]
+    tree = DirectoryHost(str(h200.root))
+    archive = ArchiveHost(collect_tar(patterns, root=str(h200.root) + "/"), "collected")
+    for pattern in patterns:
+        assert archive.glob(pattern) == tree.glob(pattern), pattern
+    assert archive.readlink("/etc/sysctl.conf") == "/etc/sysctl.d/99-sysctl.conf"
+    assert archive.read_text("/etc/sysctl.conf").endswith("kernel.numa_balancing = 1\n")
+    for path in ("/proc/sys/kernel/osrelease", "/proc/devices", "/etc/hostname"):
+        assert archive.read_bytes(path) == tree.read_bytes(path)
+
+
+def test_sh_fallback_below_a_root_gives_the_same_tar(h200: Sysroot, tmp_path: Path) -> None:
+    """Both collectors take a root, even one whose name holds a newline and $(...)."""
+    odd = tmp_path / "img $(touch PWNED)\n'x"
+    os.rename(h200.root, odd)
+    command = remote_command(PATTERNS, root=str(odd))
+    python = parse_output(run_remote_command(command))
+    shell = parse_output(run_remote_command(command, no_python_path(tmp_path)))
+    assert (python.method, shell.method) == ("python", "sh")
+    py_members = members(python.tar)
+    assert "proc/sys/kernel/osrelease" in py_members
+    assert members(shell.tar) == py_members
+    assert not (tmp_path / "PWNED").exists() and not Path("PWNED").exists()
+
+
+def test_missing_root_is_an_error_from_both_collectors(tmp_path: Path) -> None:
+    command = remote_command(["/etc/hostname"], root=str(tmp_path / "absent"))
+    for path in ("/usr/bin:/bin", no_python_path(tmp_path)):
+        result = subprocess.run(["sh", "-c", command], capture_output=True, env={"PATH": path},
+                                check=False)
+        assert result.returncode == 2
+        assert b"absent: no such directory" in result.stderr
+
+
 def test_hostile_file_names_are_data_not_commands(tmp_path: Path) -> None:
     """A name holding quotes, a newline and $(...) is collected; nothing runs."""
     hostile = "a b'\"$(touch PWNED)`touch PWNED2`\nc"
