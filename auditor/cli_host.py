@@ -259,7 +259,7 @@ def _fix_remote(target: SshTarget, ssh_options: SshOptions, checks: Sequence[typ
             host, report, checks, policy,
             LocalFixRequest(None, fix_script, rollback_script, apply, yes),
             reopen=lambda: SshHost.open(target, ssh_options, patterns),
-            debug=options.debug, execute=execute, where=target.display,
+            debug=options.debug, execute=execute, where=target.display, remote=True,
         )
     except AuditorError as exc:
         if options.debug:
@@ -304,6 +304,10 @@ def host_command(
     ssh_config: Annotated[str | None, typer.Option(
         "--ssh-config", metavar="FILE",
         help="Read this ssh config instead of ~/.ssh/config.")] = None,
+    root: Annotated[str | None, typer.Option(
+        "--root", metavar="DIR",
+        help="Audit (and fix) the sysroot directory DIR on the host, such as an image "
+             "being prepared, instead of the host itself.")] = None,
     fmt: FormatOpt = "text",
     output: OutputOpt = None,
     check: CheckOpt = None,
@@ -322,7 +326,7 @@ def host_command(
     options = AuditOptions(fmt, output, tuple(check or ()), tuple(skip or ()), fail_on,
                            policy, profile, debug)
     try:
-        from auditor.hosts.ssh import SshOptions, parse_target
+        from auditor.hosts.ssh import SshHost, SshOptions, parse_target
         from auditor.inventory import load_inventory
 
         checks, loaded = prepare(options)
@@ -335,7 +339,9 @@ def host_command(
             user=user, port=port, identity=identity, sudo=sudo, timeout=timeout,
             accept_new_host_keys=accept_new_host_keys,
             known_hosts=(known_hosts,) if known_hosts else (), ssh_config=ssh_config,
+            root=root,
         )
+        SshHost(wanted[0], ssh_options)  # a bad --root is a usage error before any connection
     except AuditorError as exc:
         if debug:
             raise

@@ -397,11 +397,12 @@ def fix_local(
     debug: bool = False,
     execute: Callable[[str], ScriptResult] = run_local_script,
     where: str | None = None,
+    remote: bool = False,
 ) -> tuple[Report, int]:
     """Write and/or apply the fix for one host; return the report to show and an exit code.
 
     ``execute`` runs the fix script where the host is (this machine's bash by default;
-    ``audit host`` passes one that uploads it and runs it with sudo).
+    ``audit host`` passes one that uploads it and runs it with sudo, and ``remote``).
 
     The exit code is 1 when the fix script failed or was refused, else 0.
     """
@@ -448,5 +449,11 @@ def fix_local(
               file=sys.stderr)
         return result.after, 1
     kept = f"{plan.root}/var/lib/host-auditor/{plan.fix_id}/rollback.sh"
-    print(f"undo with: bash {shlex.quote(rollback_path or kept)}", file=sys.stderr)
+    if remote:
+        # The rollback runs where the fix ran; the fix keeps a copy of it there.
+        print(f"undo on {where} with: sudo bash {shlex.quote(kept)}"
+              + (f" (the same script as {rollback_path})" if rollback_path else ""),
+              file=sys.stderr)
+    else:
+        print(f"undo with: bash {shlex.quote(rollback_path or kept)}", file=sys.stderr)
     return result.after, 0

@@ -100,6 +100,8 @@ class SshOptions:
     known_hosts: tuple[str, ...] = ()
     #: An ssh config file to use instead of ~/.ssh/config and /etc/ssh/ssh_config.
     ssh_config: str | None = None
+    #: A sysroot directory on the host (an image being prepared) to audit instead of the host.
+    root: str | None = None
     compress: bool = False
     extra_connect_kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -196,6 +198,18 @@ class QuickAckSocket:
         return getattr(self._sock, name)
 
 
+def _sysroot_path(root: str | None) -> str | None:
+    """Return a remote sysroot path normalised (None for the host's own ``/``)."""
+    if root is None:
+        return None
+    if not root.startswith("/") or "\x00" in root:
+        raise UsageError(f"--root {root!r}: a sysroot on a remote host must be an absolute path")
+    path = "/" + "/".join(p for p in root.split("/") if p and p != ".")
+    if ".." in path.split("/"):
+        raise UsageError(f"--root {root!r}: '..' is not allowed in a remote sysroot path")
+    return None if path == "/" else path
+
+
 class SshHost(Host):
     """A remote host read over SSH: collected in one command, then read from memory."""
 
@@ -207,6 +221,10 @@ class SshHost(Host):
         self.user = target.user or self.options.user
         self.port = target.port or self.options.port
         self.name = target.display
+        #: The sysroot directory audited on the host, or None for the host itself.
+        self.root = _sysroot_path(self.options.root)
+        if self.root is not None:
+            self.kind = "sysroot"
         self.target = f"ssh://{target.host}"
         #: Why root-only files may be missing ("" when the collector ran as root).
         self.privilege_note = ""
@@ -251,7 +269,8 @@ class SshHost(Host):
             raise UsageError(f"{self.spec.display}: bad ssh configuration ({exc})") from exc
         self._conn = conn
         user = conn.user
-        self.target = f"ssh://{user}@{self.spec.host}:{conn.port}"
+        self.target = f"ssh://{user}@{self.spec.host}:{conn.port}" + (
+            f":{self.root}" if self.root else "")
         _check_host_keys(conn, self.options)
         try:
             if not conn.gateway:
@@ -292,7 +311,8 @@ class SshHost(Host):
         if self._conn is None:
             raise HostUnreachable(f"{self.spec.display}: not connected")
         started = time.perf_counter()
-        command = remote_command(patterns, sudo=self.options.sudo, compress=self.options.compress)
+        command = remote_command(patterns, sudo=self.options.sudo, compress=self.options.compress,
+                                 root=self.root)
         try:
             transport = self._conn.client.get_transport()
             if transport is None or not transport.is_active():

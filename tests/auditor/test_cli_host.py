@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import pty
+import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +26,8 @@ from auditor.inventory import expand_range, load_inventory, parse_ini, parse_yam
 from auditor.model import CheckResult, Report, Status
 from tests.auditor.conftest import NOPY, NOSUDO, SUDO, SshEnv
 from tests.conftest import make_finding
+from tests.fixkit import tree_hash
+from tests.hostgen import build_host
 from tests.sshd import SilentListener, Sshd, netns, netns_available
 
 ssh = pytest.mark.ssh
@@ -241,6 +247,8 @@ def test_ctrl_c_stops_with_what_was_finished(ssh_env: SshEnv) -> None:
     ["host", "not a host"],
     ["host", "-i", "/nonexistent/inventory"],
     ["host", "gpu-01", "--check", "no.such"],
+    ["host", "gpu-01", "--root", "images/gpu-01"],
+    ["host", "gpu-01", "--root", "/srv/../etc"],
 ])
 def test_usage_errors_exit_2(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run_audit(capsys, *args)
@@ -441,3 +449,111 @@ def test_progress_bar_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch,
         advance(Report("h", "ssh://h", "", 0.0, ()))
     stop()
     assert _progress(1)[0] is None  # one host: no bar
+
+
+# -- applying a fix over SSH: to a sysroot on the host (--root), so nothing here changes ------
+
+#: What the fix repairs on the generated 8-GPU host; the kernel upgrade stays opt-in.
+FIXED = ("cpu.governor", "cpu.cstates", "numa.balancing", "pcie.mrrs", "lxc.device_majors")
+
+
+@pytest.fixture
+def image() -> Iterator[Path]:
+    """The 8-GPU Proxmox host with all six problems, in a directory every test user can read."""
+    parent = Path(tempfile.mkdtemp(prefix="ha-image-"))
+    os.chmod(parent, 0o755)
+    try:
+        yield build_host().write_dir(parent / "pve-gpu-01")
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+def apply_command(ssh_env: SshEnv, root: Path, user: str = SUDO) -> list[str]:
+    return [str(Path(sys.executable).parent / "audit"), "host", ssh_env.server.target,
+            *ssh_env.cli_args(user), "--sudo", "--root", str(root), "--apply"]
+
+
+def check_statuses(document: dict[str, Any]) -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {}
+    for finding in document["findings"]:
+        found.setdefault(finding["check"], set()).add(finding["status"])
+    return found
+
+
+@ssh
+def test_apply_asks_on_a_terminal_then_fixes_and_audits_again(
+    ssh_env: SshEnv, image: Path
+) -> None:
+    """No changes without a yes; with one, the fix runs under sudo and before/after is shown."""
+    before = tree_hash(image)
+    for answer in ("n", "y"):
+        controller, terminal = pty.openpty()
+        try:
+            process = subprocess.Popen(apply_command(ssh_env, image), stdin=terminal,
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            os.write(controller, f"{answer}\n".encode())
+            out, err = process.communicate(timeout=120)
+        finally:
+            os.close(controller)
+            os.close(terminal)
+        text = err.decode()
+        if answer == "n":
+            assert process.returncode == 1, text
+            assert b"? [y/N]" in out and "not applied" in text
+            assert tree_hash(image) == before
+    assert process.returncode == 1, text  # the kernel still needs its reboot
+    for check in FIXED:
+        assert re.search(rf"^\s+{re.escape(check)}\s+fail -> pass$", text, re.M), text
+    assert re.search(r"^\s+kernel\.version\s+fail -> fail", text, re.M)
+    assert f"undo on {ssh_env.server.target} with: sudo bash {image}/var/lib/host-auditor/" \
+        in text
+    assert tree_hash(image) != before
+
+
+@ssh
+def test_apply_with_yes_then_again_then_the_rollback(
+    ssh_env: SshEnv, image: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The report after the fix passes; a second apply has nothing to do; undo restores all."""
+    before = tree_hash(image)
+    undo = tmp_path / "undo.sh"
+    code, out, err = run_audit(capsys, *apply_command(ssh_env, image)[1:], "--yes",
+                               "--format", "json", "--rollback-script", str(undo))
+    assert code == 1, err
+    after = json.loads(out)
+    assert after["target"] == f"ssh://{SUDO}@127.0.0.1:{ssh_env.server.port}:{image}"
+    assert after["host"] == "pve-gpu-01"
+    statuses = check_statuses(after)
+    assert all(statuses[check] == {"pass"} for check in FIXED), statuses
+    assert "fail" in statuses["kernel.version"]
+    fixed = tree_hash(image)
+    code, _out, err = run_audit(capsys, *apply_command(ssh_env, image)[1:], "--yes")
+    assert code == 1 and "nothing to apply" in err
+    assert tree_hash(image) == fixed
+    undone = subprocess.run(["bash", str(undo)], capture_output=True, text=True, check=False)
+    assert undone.returncode == 0, undone.stdout + undone.stderr
+    assert tree_hash(image) == before
+
+
+@ssh
+def test_missing_remote_root_is_one_line_and_exit_3(
+    ssh_env: SshEnv, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, _out, err = run_audit(capsys, "host", ssh_env.server.target, *ssh_env.cli_args(),
+                                "--root", str(tmp_path / "absent"))
+    assert code == 3
+    assert err.startswith("audit: error:") and "absent: no such directory" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+@ssh
+def test_apply_needs_yes_off_a_terminal_and_sudo_on_the_host(
+    ssh_env: SshEnv, image: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = tree_hash(image)
+    code, _out, err = run_audit(capsys, *apply_command(ssh_env, image)[1:])
+    assert code == 2 and "confirm with --yes" in err
+    code, _out, err = run_audit(capsys, *apply_command(ssh_env, image, NOSUDO)[1:], "--yes")
+    assert code == 1
+    assert "password is required" in err and "the fix script exited 1" in err
+    assert tree_hash(image) == before
