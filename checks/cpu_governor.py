@@ -18,7 +18,8 @@ from auditor.hosts.base import Host
 from auditor.model import Finding, Severity
 from auditor.parsing import format_cpulist, parse_cpulist
 
-CPUFREQ = "/sys/devices/system/cpu/cpufreq"
+CPU_DIR = "/sys/devices/system/cpu"
+CPUFREQ = f"{CPU_DIR}/cpufreq"
 BOOST = f"{CPUFREQ}/boost"
 INTEL_STATUS = "/sys/devices/system/cpu/intel_pstate/status"
 INTEL_NO_TURBO = "/sys/devices/system/cpu/intel_pstate/no_turbo"
@@ -58,6 +59,7 @@ REVERTING_DAEMONS: dict[str, tuple[str, str]] = {
 }
 
 _POLICY_NAME = re.compile(r"^policy([0-9]{1,5})$")
+_CPU_NAME = re.compile(r"^cpu([0-9]{1,5})$")
 _CPU_LIST = re.compile(r"^[0-9,\-:/]*$")
 
 
@@ -92,19 +94,38 @@ def parse_khz(text: str | None) -> int | None:
     return int(text)
 
 
+def policy_path(name: str) -> str:
+    """Return the directory of a policy ``policy_names`` gave: ``policyN``, or ``cpuN``'s own."""
+    if _CPU_NAME.match(name):
+        return f"{CPU_DIR}/{name}/cpufreq"
+    return f"{CPUFREQ}/{name}"
+
+
 def policy_names(host: Host) -> list[str]:
-    """Return the cpufreq policy directory names, in CPU order."""
+    """Return the cpufreq policy names, in CPU order.
+
+    These are the ``policyN`` directories; where there are none but CPUs have a
+    ``cpufreq`` directory of their own (kernels before 4.3, trees built by hand),
+    each such CPU is named (``cpuN``) as a policy of one.
+    """
     try:
         names = host.listdir(CPUFREQ)
     except OSError:
-        return []
+        names = []
     found = [(int(m.group(1)), n) for n in names if (m := _POLICY_NAME.match(n))]
+    if not found:
+        try:
+            cpus = host.listdir(CPU_DIR)
+        except OSError:
+            return []
+        found = [(int(m.group(1)), n) for n in cpus
+                 if (m := _CPU_NAME.match(n)) and host.is_dir(f"{CPU_DIR}/{n}/cpufreq")]
     return [name for _, name in sorted(found)]
 
 
 def read_policy(host: Host, name: str, with_epp: bool) -> Policy | None:
     """Read one policy; None when its governor cannot be read (every CPU of it offline)."""
-    base = f"{CPUFREQ}/{name}"
+    base = policy_path(name)
     governor = host.read_optional(f"{base}/scaling_governor")
     if not governor:
         return None
@@ -112,7 +133,8 @@ def read_policy(host: Host, name: str, with_epp: bool) -> Policy | None:
     if not cpus:
         cpus = parse_cpu_numbers(host.read_optional(f"{base}/related_cpus") or "")
     if not cpus:
-        cpus = [int(name[len("policy"):])]  # a policy is named after its first CPU
+        # A policy is named after its first CPU.
+        cpus = [int(name.removeprefix("policy").removeprefix("cpu"))]
     return Policy(
         name=name,
         cpus=tuple(cpus),
@@ -134,6 +156,7 @@ class CpuGovernor(Check):
     severity: ClassVar[Severity] = Severity.HIGH
     reads: ClassVar[tuple[str, ...]] = (
         *(f"{CPUFREQ}/policy*/{name}" for name in POLICY_FILES),
+        *(f"{CPU_DIR}/cpu[0-9]*/cpufreq/{name}" for name in POLICY_FILES),
         BOOST,
         INTEL_STATUS,
         INTEL_NO_TURBO,
@@ -170,7 +193,7 @@ class CpuGovernor(Check):
             )
             return
         wanted = str(self.options["governor"])
-        first = f"{CPUFREQ}/{names[0]}"
+        first = policy_path(names[0])
         # One cpufreq driver serves every policy (the kernel holds a single driver), so
         # the driver-wide files are read once, from the first policy.
         driver = host.read_optional(f"{first}/scaling_driver") or "unknown"
@@ -317,7 +340,7 @@ class CpuGovernor(Check):
         findings = []
         for (cap, hw_max), group in capped.items():
             cpus = format_cpulist(c for p in group for c in p.cpus)
-            min_freq = host.read_optional(f"{CPUFREQ}/{group[0].name}/scaling_min_freq") or ""
+            min_freq = host.read_optional(f"{policy_path(group[0].name)}/scaling_min_freq") or ""
             note = (
                 "; boost is off, which lowers scaling_max_freq on this driver"
                 if boost_on is False else ""

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from auditor.hosts.base import Host
 from auditor.model import Finding
+from checks.cpu_governor import CPU_DIR, CPUFREQ, policy_path
 from remediations.base import (
     Advice,
     Context,
@@ -19,7 +20,6 @@ from remediations.base import (
 )
 from remediations.base import evidence as evidence_of
 
-CPUFREQ = "/sys/devices/system/cpu/cpufreq"
 UNIT_NAME = "host-auditor-cpu-performance.service"
 UNIT = f"/etc/systemd/system/{UNIT_NAME}"
 WANTS = f"/etc/systemd/system/multi-user.target.wants/{UNIT_NAME}"
@@ -33,10 +33,13 @@ REVERTING_DAEMONS = ("tuned", "power-profiles-daemon", "thermald", "auto-cpufreq
 READS: tuple[str, ...] = (
     f"{CPUFREQ}/policy*/scaling_governor",
     f"{CPUFREQ}/policy*/energy_performance_preference",
+    f"{CPU_DIR}/cpu[0-9]*/cpufreq/scaling_governor",
+    f"{CPU_DIR}/cpu[0-9]*/cpufreq/energy_performance_preference",
     "/proc/cpuinfo",
 )
 
-_POLICY = re.compile(r"policy[0-9]+")
+#: Policy names as the check reports them: ``policyN``, or ``cpuN`` without policies.
+_POLICY = re.compile(r"(?:policy|cpu)[0-9]+")
 
 # systemd expands $VAR in ExecStart: $$ is a literal dollar for the shell.
 UNIT_TEXT = f"""\
@@ -48,9 +51,9 @@ After=sysinit.target
 [Service]
 Type=oneshot
 RemainAfterExit=yes
-ExecStart=/bin/sh -c 'for f in {CPUFREQ}/policy*/energy_performance_preference; do \
-[ -w "$$f" ] && echo performance > "$$f"; done; for f in {CPUFREQ}/policy*/scaling_governor; \
-do echo performance > "$$f"; done; true'
+ExecStart=/bin/sh -c 'for f in {CPU_DIR}/cpu[0-9]*/cpufreq/energy_performance_preference; \
+do [ -w "$$f" ] && echo performance > "$$f"; done; \
+for f in {CPU_DIR}/cpu[0-9]*/cpufreq/scaling_governor; do echo performance > "$$f"; done; true'
 
 [Install]
 WantedBy=multi-user.target
@@ -78,7 +81,7 @@ def _other(host: Host, finding: Finding, ev: dict[str, str]) -> Remedy | None:
             return None
         steps: list[Step] = []
         for policy in ev.get("policies", "").split():
-            path = f"{CPUFREQ}/{policy}/scaling_max_freq"
+            path = f"{policy_path(policy)}/scaling_max_freq"
             if _POLICY.fullmatch(policy) and host.exists(path):
                 steps.append(SetValue(path, hw_max))
         return Remedy(
@@ -121,10 +124,10 @@ def remediate(host: Host, findings: Sequence[Finding], context: Context) -> list
             for policy in ev.get("policies", "").split():
                 if not _POLICY.fullmatch(policy):
                     continue
-                epp = f"{CPUFREQ}/{policy}/energy_performance_preference"
+                epp = f"{policy_path(policy)}/energy_performance_preference"
                 if ev.get("epp") and host.exists(epp):
                     epp_steps.append(SetValue(epp, "performance"))
-                governor = f"{CPUFREQ}/{policy}/scaling_governor"
+                governor = f"{policy_path(policy)}/scaling_governor"
                 if host.exists(governor):
                     gov_steps.append(SetValue(governor, "performance"))
             # EPP first: EPP drivers refuse a non-performance EPP under the performance

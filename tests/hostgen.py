@@ -139,6 +139,9 @@ class HostSpec:
     boot: str = "systemd-boot"
     #: Write the container's allow rules with the cgroup v1 key.
     cgroup1: bool = False
+    #: sysfs as trees built by hand lay it out: cpufreq in each CPU's own directory
+    #: (no policyN), PCI devices as plain directories in /sys/bus/pci/devices.
+    flat_sysfs: bool = False
 
 
 def build_host(spec: HostSpec | None = None) -> Tree:
@@ -164,8 +167,11 @@ def build_host(spec: HostSpec | None = None) -> Tree:
               else [("POLL", 0, 0), ("C1", 1, 2), ("C2", 800, 1600)])
     deep = "C6" if intel else "C2"
     for n in range(spec.cpus):
-        policy = f"{cpu}/cpufreq/policy{n}"
-        tree.links[f"{cpu}/cpu{n}/cpufreq"] = f"../cpufreq/policy{n}"
+        if spec.flat_sysfs:
+            policy = f"{cpu}/cpu{n}/cpufreq"
+        else:
+            policy = f"{cpu}/cpufreq/policy{n}"
+            tree.links[f"{cpu}/cpu{n}/cpufreq"] = f"../cpufreq/policy{n}"
         for key, value in {
             "scaling_driver": "intel_pstate" if intel else "amd-pstate-epp",
             "scaling_governor": governor,
@@ -260,16 +266,18 @@ def build_host(spec: HostSpec | None = None) -> Tree:
         root_port = f"0000:{bus - 1:02x}:01.0"
         domain = f"/sys/devices/pci0000:{bus - 1:02x}"
         port_dir = f"{domain}/{root_port}"
-        tree.put(f"{port_dir}/config", pcie_config(0x1022, 0x14AB, 0x060400, port_type=4,
-                                                   mrrs=512))
-        _sysfs_common(tree, port_dir)
-        tree.put(f"{port_dir}/class", "0x060400\n")
-        tree.put(f"{port_dir}/vendor", "0x1022\n")
-        tree.put(f"{port_dir}/device", "0x14ab\n")
-        tree.links[f"/sys/bus/pci/devices/{root_port}"] = (
-            f"../../../devices/pci0000:{bus - 1:02x}/{root_port}"
-        )
-        dev_dir = f"{port_dir}/{address}"
+        if not spec.flat_sysfs:
+            tree.put(f"{port_dir}/config", pcie_config(0x1022, 0x14AB, 0x060400, port_type=4,
+                                                       mrrs=512))
+            _sysfs_common(tree, port_dir)
+            tree.put(f"{port_dir}/class", "0x060400\n")
+            tree.put(f"{port_dir}/vendor", "0x1022\n")
+            tree.put(f"{port_dir}/device", "0x14ab\n")
+            tree.links[f"/sys/bus/pci/devices/{root_port}"] = (
+                f"../../../devices/pci0000:{bus - 1:02x}/{root_port}"
+            )
+        dev_dir = (f"/sys/bus/pci/devices/{address}" if spec.flat_sysfs
+                   else f"{port_dir}/{address}")
         vendor, device = struct.unpack_from("<HH", config, 0)
         _sysfs_common(tree, dev_dir)
         tree.put(f"{dev_dir}/config", config)
@@ -282,10 +290,13 @@ def build_host(spec: HostSpec | None = None) -> Tree:
         current = 1 if class_code.startswith("0x03") else 5
         tree.put(f"{dev_dir}/current_link_speed", SPEEDS[current] + "\n")
         tree.put(f"{dev_dir}/current_link_width", "16\n")
-        tree.links[f"{dev_dir}/driver"] = f"../../../../bus/pci/drivers/{driver}"
-        tree.links[f"/sys/bus/pci/devices/{address}"] = (
-            f"../../../devices/pci0000:{bus - 1:02x}/{root_port}/{address}"
-        )
+        if spec.flat_sysfs:
+            tree.links[f"{dev_dir}/driver"] = f"../../drivers/{driver}"
+        else:
+            tree.links[f"{dev_dir}/driver"] = f"../../../../bus/pci/drivers/{driver}"
+            tree.links[f"/sys/bus/pci/devices/{address}"] = (
+                f"../../../devices/pci0000:{bus - 1:02x}/{root_port}/{address}"
+            )
         if driver == "nvidia":
             tree.put(f"/proc/driver/nvidia/gpus/{address}/information",
                      "Model: \t\t NVIDIA B200\nBus Location: \t " + address + "\n")

@@ -90,7 +90,8 @@ FIXED = ("cpu.governor", "cpu.cstates", "numa.balancing", "pcie.mrrs", "lxc.devi
 @pytest.mark.parametrize("spec", [
     HostSpec(),
     HostSpec(hostname="gpu-intel-07", vendor="intel", boot="grub", cgroup1=True, cpus=96),
-], ids=["amd-systemd-boot", "intel-grub-cgroup1"])
+    HostSpec(hostname="gpu-flat-03", flat_sysfs=True, cpus=64),
+], ids=["amd-systemd-boot", "intel-grub-cgroup1", "flat-sysfs"])
 def test_fix_script_repairs_the_host_and_its_rollback_restores_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], spec: HostSpec
 ) -> None:

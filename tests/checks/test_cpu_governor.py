@@ -498,3 +498,18 @@ def test_live_host_audit_does_not_error() -> None:
     statuses = {f["check"]: f["status"] for f in report["findings"]}
     assert set(statuses) == {"cpu.governor", "cpu.cstates"}
     assert "error" not in statuses.values()
+
+
+def test_cpufreq_in_each_cpu_directory_without_policies_is_judged(h200: Sysroot) -> None:
+    """Old kernels and hand-built trees keep cpufreq in cpuN/cpufreq: each CPU is a policy."""
+    for cpu in range(4):
+        base = f"/sys/devices/system/cpu/cpu{cpu}/cpufreq"
+        h200.write(f"{base}/scaling_driver", "acpi-cpufreq\n")
+        h200.write(f"{base}/scaling_governor", "ondemand\n" if cpu < 2 else "performance\n")
+        h200.write(f"{base}/scaling_available_governors", ACPI_GOVERNORS + "\n")
+    findings = list(CpuGovernor().evaluate(DirectoryHost(str(h200.root))))
+    by_status = {f.status: f for f in findings}
+    assert set(by_status) == {Status.FAIL, Status.PASS}
+    assert by_status[Status.FAIL].subject == "0-1"
+    assert dict(by_status[Status.FAIL].evidence)["policies"] == "cpu0 cpu1"
+    assert by_status[Status.PASS].subject == "2-3"
