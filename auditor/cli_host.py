@@ -72,6 +72,7 @@ class FleetAudit:
                  checks: Sequence[type[Check]], policy: Policy, *, parallel: int = 32,
                  debug: bool = False) -> None:
         from auditor.collect import patterns_for
+        from auditor.hosts.ssh import SshContext
 
         self.targets = list(targets)
         self.options = options
@@ -80,6 +81,8 @@ class FleetAudit:
         self.parallel = max(1, parallel)
         self.debug = debug
         self.patterns = patterns_for(self.checks)
+        #: One fabric config and one read of known_hosts for every host of the run.
+        self.context = SshContext(options)
         self.reports: list[Report | None] = [None] * len(self.targets)
         self._live: dict[int, SshHost] = {}
         self._lock = threading.Lock()
@@ -93,7 +96,7 @@ class FleetAudit:
         target = self.targets[index]
         started_at = dt.datetime.now(dt.timezone.utc)
         started = time.perf_counter()
-        host = SshHost(target, self.options)
+        host = SshHost(target, self.options, self.context)
         with self._lock:
             self._live[index] = host
         try:
