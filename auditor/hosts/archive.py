@@ -21,6 +21,9 @@ _KINDS = (tarfile.DIRTYPE, tarfile.SYMTYPE, tarfile.LNKTYPE, tarfile.CHRTYPE, ta
 
 
 def _member_path(name: str) -> str:
+    if name and name[0] not in "./" and "/." not in name and "//" not in name \
+            and name[-1] != "/":
+        return "/" + name  # already normal (no ".", "..", doubled or trailing "/")
     name = name.lstrip("/")
     while name.startswith("./"):
         name = name[2:]
@@ -112,14 +115,15 @@ class ArchiveHost(Host):
         self._entries[path] = entry
 
     def _add_parents(self, path: str) -> None:
-        child = path
-        parent = posixpath.dirname(child)
+        # path is normal and absolute: rpartition is dirname and basename, and cheaper.
+        parent, _, name = path.rpartition("/")
         while True:
-            self._children.setdefault(parent, set()).add(posixpath.basename(child))
+            parent = parent or "/"
+            self._children.setdefault(parent, set()).add(name)
             if parent in self._entries:
                 break
             self._entries[parent] = Entry("dir")
-            child, parent = parent, posixpath.dirname(parent)
+            parent, _, name = parent.rpartition("/")
 
     def lstat(self, path: str) -> Entry | None:
         return self._entries.get(path)

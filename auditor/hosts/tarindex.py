@@ -134,14 +134,13 @@ def fast_index(data: bytes) -> list[Member] | None:
                 offset = data_at + padded
                 continue
             name = _text(header[0:100])
-            prefix = _text(header[345:500])
-            if prefix:
-                name = prefix + "/" + name
+            if header[345]:  # a ustar prefix (tarfile's writer leaves it empty)
+                name = _text(header[345:500]) + "/" + name
             if kind == 0 and name.endswith("/"):
                 kind = 0x35  # an old-style directory: AREGTYPE with a trailing slash
             if kind == 0x35:
                 name = name.rstrip("/")
-            linkname = _text(header[157:257])
+            linkname = _text(header[157:257]) if header[157] else ""
             if pax is not None:
                 name = pax.get("path", name)
                 linkname = pax.get("linkpath", linkname)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import gzip
 import io
+import posixpath
 import tarfile
 
 import pytest
 
 from auditor.collect import collect_tar
 from auditor.errors import SnapshotError
-from auditor.hosts.archive import ArchiveHost
+from auditor.hosts.archive import ArchiveHost, _member_path
 from auditor.hosts.base import Entry
 from auditor.hosts.tarindex import Member, fast_index
 from tests.conftest import CAPTURES
@@ -121,3 +122,11 @@ def test_unusual_or_broken_archives_are_left_to_tarfile() -> None:
     fifo = tar_of((info("run/fifo", tarfile.FIFOTYPE), None))
     assert fast_index(fifo) == by_tarfile(fifo)
     assert ArchiveHost(fifo, "t").lstat("/run/fifo") == Entry("other")
+
+
+@pytest.mark.parametrize("name", ["a", "a/b", "./a", "/a", "a/../b", "a/./b", "a//b", "a/", "..",
+                                  "a/..", "a/.hidden", ".hidden", "a/b..c", "...", "", "//x",
+                                  "x/..", "../../etc/passwd", "a/b/../../.."])
+def test_member_paths_are_normalised_as_posixpath_does(name: str) -> None:
+    expected = posixpath.normpath("/" + name.lstrip("/"))
+    assert _member_path(name) == ("/" if expected == "//" else expected)
