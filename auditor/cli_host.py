@@ -14,7 +14,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 from typing import TYPE_CHECKING, Annotated, Any
@@ -65,13 +65,45 @@ def _error_report(target: SshTarget, started: dt.datetime, elapsed: float, messa
     )
 
 
+#: Fewest hosts worth a worker process of their own (below, the fork costs more).
+HOSTS_PER_WORKER = 16
+#: Fewest usable CPUs before a fleet is spread over processes unasked: with two,
+#: measured, the targets' sshd (on loopback in the benchmark) or the rest of the
+#: machine needs the second one and one process is as fast.
+AUTO_WORKER_CPUS = 4
+
+
+def usable_cpus() -> int:
+    """Return how many CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def worker_count(hosts: int, cpus: int, asked: int | None = None) -> int:
+    """Return how many processes audit ``hosts`` hosts: ``asked``, or one per 16 hosts and CPU."""
+    if asked is not None:
+        return max(1, min(asked, hosts))
+    if cpus < AUTO_WORKER_CPUS:
+        return 1
+    return max(1, min(cpus, hosts // HOSTS_PER_WORKER))
+
+
 class FleetAudit:
-    """Audit many hosts on a thread pool; each failure stays with its host."""
+    """Audit many hosts on a thread pool, or on several processes' pools; failures stay per host.
+
+    paramiko does its packet work in Python, so one process's threads share one
+    core (the GIL). With many hosts and CPUs, forked worker processes each audit
+    a share of the hosts on their own thread pool and send each host's report
+    back as it finishes (the parent keeps the progress bar and the order).
+    """
 
     def __init__(self, targets: Sequence[SshTarget], options: SshOptions,
                  checks: Sequence[type[Check]], policy: Policy, *, parallel: int = 32,
-                 debug: bool = False) -> None:
+                 debug: bool = False, workers: int | None = None) -> None:
         from auditor.collect import patterns_for
+        from auditor.hosts.ssh import SshContext
 
         self.targets = list(targets)
         self.options = options
@@ -79,7 +111,12 @@ class FleetAudit:
         self.policy = policy
         self.parallel = max(1, parallel)
         self.debug = debug
+        # --debug raises a host's exception: that needs the host's thread in this process.
+        self.workers = 1 if debug else worker_count(len(self.targets), usable_cpus(), workers)
+        self._processes: list[tuple[Any, Any, list[int]]] = []
         self.patterns = patterns_for(self.checks)
+        #: One fabric config and one read of known_hosts for every host of the run.
+        self.context = SshContext(options)
         self.reports: list[Report | None] = [None] * len(self.targets)
         self._live: dict[int, SshHost] = {}
         self._lock = threading.Lock()
@@ -93,7 +130,7 @@ class FleetAudit:
         target = self.targets[index]
         started_at = dt.datetime.now(dt.timezone.utc)
         started = time.perf_counter()
-        host = SshHost(target, self.options)
+        host = SshHost(target, self.options, self.context)
         with self._lock:
             self._live[index] = host
         try:
@@ -141,26 +178,109 @@ class FleetAudit:
 
     def run(self, on_done: Callable[[Report], None] | None = None) -> list[Report]:
         """Audit every host; return the reports in target order (interrupted: those finished)."""
-        pool = ThreadPoolExecutor(max_workers=min(self.parallel, len(self.targets)),
+        self.start()
+        if self._processes:
+            self._gather(on_done)
+        else:
+            self._run_threads(range(len(self.targets)), self.parallel,
+                              lambda index, report: on_done(report) if on_done else None)
+        return [r for r in self.reports if r is not None]
+
+    def _run_threads(self, indices: Iterable[int], parallel: int,
+                     on_done: Callable[[int, Report], None]) -> None:
+        wanted = list(indices)
+        pool = ThreadPoolExecutor(max_workers=max(1, min(parallel, len(wanted))),
                                   thread_name_prefix="host")
         try:
-            pending: set[Future[Report | None]] = {
-                pool.submit(self.audit_one, i) for i in range(len(self.targets))
+            futures: dict[Future[Report | None], int] = {
+                pool.submit(self.audit_one, i): i for i in wanted
             }
+            pending = set(futures)
             while pending:
                 # A short wait keeps the main thread responsive to Ctrl-C.
                 done, pending = wait(pending, timeout=0.2, return_when="FIRST_COMPLETED")
                 for future in done:
                     report = future.result()
-                    if on_done is not None and report is not None:
-                        on_done(report)
+                    if report is not None:
+                        on_done(futures[future], report)
         except KeyboardInterrupt:
             self.stop()
             pool.shutdown(wait=True, cancel_futures=True)
             raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
-        return [r for r in self.reports if r is not None]
+
+    def start(self) -> None:
+        """Fork the worker processes, if the fleet uses them (before any thread is started)."""
+        if self.workers <= 1 or self._processes:
+            return
+        import multiprocessing
+
+        context = multiprocessing.get_context("fork")
+        parallel = max(1, -(-self.parallel // self.workers))
+        for first in range(self.workers):
+            share = list(range(first, len(self.targets), self.workers))
+            reader, writer = context.Pipe(duplex=False)
+            process = context.Process(target=self._worker, args=(share, parallel, writer),
+                                      name="audit-worker", daemon=True)
+            process.start()
+            writer.close()
+            self._processes.append((process, reader, share))
+
+    def _worker(self, share: list[int], parallel: int, writer: Any) -> None:
+        """Audit a share of the hosts in a worker process, sending (index, report) pairs."""
+        import signal
+
+        # Ctrl-C reaches the whole process group: the parent decides, and ends the workers.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        self._processes = []
+        self._run_threads(share, parallel, lambda index, report: writer.send((index, report)))
+        writer.close()
+
+    def _gather(self, on_done: Callable[[Report], None] | None) -> None:
+        from multiprocessing.connection import wait as wait_any
+
+        readers: list[Any] = [reader for _, reader, _ in self._processes]
+        try:
+            while readers:
+                # A short wait keeps the main thread responsive to Ctrl-C.
+                ready: list[Any] = wait_any(readers, timeout=0.2)
+                for reader in ready:
+                    try:
+                        index, report = reader.recv()
+                    except (EOFError, OSError):
+                        readers.remove(reader)  # the worker is done (or dead)
+                        continue
+                    self.reports[index] = report
+                    if on_done is not None:
+                        on_done(report)
+            for process, _, share in self._processes:
+                process.join()
+                if process.exitcode == 0:
+                    continue
+                # A worker that died (killed, out of memory) fails only its unfinished hosts.
+                for index in share:
+                    if self.reports[index] is None:
+                        target = self.targets[index]
+                        message = (f"{target.display}: the worker process auditing it ended "
+                                   f"(exit code {process.exitcode})")
+                        print(f"audit: error: {message}", file=sys.stderr, flush=True)
+                        report = _error_report(target, dt.datetime.now(dt.timezone.utc), 0.0,
+                                               message, f"ssh://{target.host}")
+                        self.reports[index] = report
+                        if on_done is not None:
+                            on_done(report)
+        except KeyboardInterrupt:
+            self._stopping.set()
+            for process, _, _ in self._processes:
+                if process.is_alive():
+                    process.terminate()  # its connections close with it
+            for process, _, _ in self._processes:
+                process.join()
+            raise
+        finally:
+            for _, reader, _ in self._processes:
+                reader.close()
 
 
 def _progress(total: int) -> tuple[Callable[[Report], None] | None, Callable[[], None]]:
@@ -294,6 +414,10 @@ def host_command(
                        ] = 10.0,
     parallel: Annotated[int, typer.Option("--parallel", min=1,
                                           help="Hosts audited at once.")] = 32,
+    workers: Annotated[int | None, typer.Option(
+        "--workers", min=1,
+        help="Processes the hosts are spread over (default: one per 16 hosts, up to the "
+             "CPUs, from 4 CPUs up).")] = None,
     accept_new_host_keys: Annotated[bool, typer.Option(
         "--accept-new-host-keys",
         help="Trust an unknown host key on first use and record it in known_hosts "
@@ -326,7 +450,7 @@ def host_command(
     options = AuditOptions(fmt, output, tuple(check or ()), tuple(skip or ()), fail_on,
                            policy, profile, debug)
     try:
-        from auditor.hosts.ssh import SshHost, SshOptions, parse_target
+        from auditor.hosts.ssh import SshOptions, parse_target, sysroot_path
         from auditor.inventory import load_inventory
 
         checks, loaded = prepare(options)
@@ -341,7 +465,7 @@ def host_command(
             known_hosts=(known_hosts,) if known_hosts else (), ssh_config=ssh_config,
             root=root,
         )
-        SshHost(wanted[0], ssh_options)  # a bad --root is a usage error before any connection
+        sysroot_path(root)  # a bad --root is a usage error before any connection
     except AuditorError as exc:
         if debug:
             raise
@@ -351,7 +475,9 @@ def host_command(
             fatal("--fix-script, --rollback-script and --apply take exactly one host", EXIT_USAGE)
         raise typer.Exit(_fix_remote(wanted[0], ssh_options, checks, loaded, options,
                                      fix_script, rollback_script, apply, yes))
-    fleet = FleetAudit(wanted, ssh_options, checks, loaded, parallel=parallel, debug=debug)
+    fleet = FleetAudit(wanted, ssh_options, checks, loaded, parallel=parallel, debug=debug,
+                       workers=workers)
+    fleet.start()  # fork any workers before the progress bar starts its thread
     on_done, stop_progress = _progress(len(wanted))
     interrupted = False
     try:

@@ -22,6 +22,7 @@ the same way as the live host):
 import fnmatch
 import io
 import os
+import re
 import stat
 import sys
 import tarfile
@@ -54,9 +55,13 @@ DENIED = (
 )
 
 
+# One regex for all of them: denied() runs for every path component walked.
+_DENIED = re.compile("|".join(fnmatch.translate(pattern) for pattern in DENIED))
+
+
 def denied(path: str) -> bool:
     """Return whether a path is one that is never collected."""
-    return any(fnmatch.fnmatchcase(path, pattern) for pattern in DENIED)
+    return _DENIED.match(path) is not None
 
 
 def _has_magic(part: str) -> bool:

@@ -2,14 +2,15 @@
 
 Run as root (it adds a test user and starts sshd on loopback):
 
-    .venv/bin/python -m bench.ssh_bench [--rounds 7] [--hosts 50] [--no-peers]
+    .venv/bin/python -m bench.ssh_bench [--rounds 7] [--hosts 50] [--no-peers] [--workers N]
 
 (a) one host, each a fresh process as a user would run it: ``audit host``; the
     floor, a fabric script running one command; pytest-testinfra reading the
     same files; ``ansible -m setup``.
 (b) ``--hosts`` hosts (loopback addresses 127.0.1.x on one sshd) at
     ``--parallel N``: wall time against one host, and peak RSS; against
-    ``ansible -m setup -f N``.
+    ``ansible -m setup -f N``; then where the CPU of a fleet run goes: the
+    client, and the targets' sshd sessions split into sshd and the collector.
 
 The peers are optional: ``pip install ansible-core pytest-testinfra`` into the
 venv to include them (bench/README.md).
@@ -65,7 +66,8 @@ class Sample:
     rss_kib: int
 
 
-def run_timed(command: list[str], env: dict[str, str] | None = None) -> tuple[float, float, int]:
+def run_timed(command: list[str], env: dict[str, str] | None = None,
+              codes: tuple[int, ...] = (0, 1)) -> tuple[float, float, int]:
     """Run a command; return wall seconds, CPU seconds and peak RSS (KiB) of its tree."""
     started = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -74,21 +76,22 @@ def run_timed(command: list[str], env: dict[str, str] | None = None) -> tuple[fl
     wall = time.perf_counter() - started
     code = os.waitstatus_to_exitcode(status)
     process.returncode = code
-    if code not in (0, 1):
+    if code not in codes:
         stderr = process.stderr.read().decode() if process.stderr else ""
         raise RuntimeError(f"{command[0]} exited {code}: {stderr[-800:]}")
     return wall, usage.ru_utime + usage.ru_stime, int(usage.ru_maxrss)
 
 
 def measure(commands: dict[str, tuple[list[str], dict[str, str] | None]],
-            rounds: int) -> dict[str, Sample]:
+            rounds: int, codes: dict[str, tuple[int, ...]] | None = None) -> dict[str, Sample]:
     """Run each command ``rounds`` times, interleaved so load falls on all alike."""
-    for command, env in commands.values():
-        run_timed(command, env)  # warm-up: page cache, .pyc files
+    codes = codes or {}
+    for name, (command, env) in commands.items():
+        run_timed(command, env, codes.get(name, (0, 1)))  # warm-up: page cache, .pyc files
     runs: dict[str, list[tuple[float, float, int]]] = {name: [] for name in commands}
     for _ in range(rounds):
         for name, (command, env) in commands.items():
-            runs[name].append(run_timed(command, env))
+            runs[name].append(run_timed(command, env, codes.get(name, (0, 1))))
             if env is not None and "ANSIBLE_SSH_ARGS" in env:
                 stop_control_masters(env)
     return {
@@ -97,6 +100,25 @@ def measure(commands: dict[str, tuple[list[str], dict[str, str] | None]],
                      max(r[2] for r in samples))
         for name, samples in runs.items()
     }
+
+
+def collector_cpu(patterns: list[str], rounds: int) -> float:
+    """Return the median CPU seconds of the remote collection command run here as USER.
+
+    This is what each audited host's collector costs (sshd's own share is the rest
+    of the sessions' CPU): the command ``audit host`` sends, less ``su``'s own cost.
+    """
+    from auditor.collect import remote_command
+
+    command = remote_command(patterns)
+    costs = []
+    for _ in range(rounds):
+        # a session's environment: a login shell's PATH, the user's own shell
+        run = ["su", "-", USER, "-s", "/bin/sh", "-c"]
+        _, with_command, _ = run_timed([*run, command])
+        _, bare, _ = run_timed([*run, "true"])
+        costs.append(with_command - bare)
+    return statistics.median(costs)
 
 
 def children_cpu(pids: list[int]) -> float:
@@ -163,6 +185,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--hosts", type=int, default=50)
     parser.add_argument("--no-peers", action="store_true", help="Skip testinfra and ansible.")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="Pass --workers N to the fleet run (default: audit's own choice).")
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("run as root: the benchmark adds a user and starts sshd", file=sys.stderr)
@@ -191,6 +215,10 @@ def main() -> int:
         testinfra_script = root / "testinfra_read.py"
         testinfra_script.write_text(TESTINFRA.format(user=USER))
         files = collected_files(target, key, known)
+        from auditor import collect
+        from auditor.registry import load_checks
+
+        patterns = collect.patterns_for(load_checks())
         have_testinfra = importlib.util.find_spec("testinfra") is not None
         have_ansible = shutil.which("ansible", path=str(Path(sys.executable).parent)) is not None
         inventory = root / "inventory.ini"
@@ -228,9 +256,11 @@ def main() -> int:
         fleet_inventory = root / "fleet.txt"
         fleet_inventory.write_text("".join(f"{a}:{p}\n" for a, p in endpoints))
         many: dict[str, tuple[list[str], dict[str, str] | None]] = {
+            "none": ([AUDIT, "host", "127.0.0.1:1", *common], None),
             "one": ([AUDIT, "host", target, *common], None),
             "fleet": ([AUDIT, "host", "-i", str(fleet_inventory), "--parallel",
-                       str(args.hosts), *common], None),
+                       str(args.hosts), *common,
+                       *(["--workers", str(args.workers)] if args.workers else [])], None),
         }
         if not args.no_peers and have_ansible:
             many["ansible"] = ([ansible, "all", "-i", str(inventory), "-m", "setup", "-f",
@@ -239,7 +269,7 @@ def main() -> int:
         before = children_cpu(sshd_pids)
         fleet = measure({"fleet": many["fleet"]}, 1)
         sshd_cpu = children_cpu(sshd_pids) - before
-        fleet = measure(many, max(3, args.rounds // 2))
+        fleet = measure(many, max(3, args.rounds // 2), codes={"none": (3,)})
         print(f"\n(b) {args.hosts} hosts at --parallel {args.hosts}")
         print(HEADER)
         print(row("audit host, 1 host", fleet["one"]))
@@ -247,8 +277,19 @@ def main() -> int:
         if "ansible" in fleet:
             print(row(f"ansible -m setup -f {args.hosts}", fleet["ansible"], fleet["one"]))
         per_run = sshd_cpu / 2  # measure() ran the fleet twice: warm-up and one round
-        print(f"\n  the targets' sshd sessions (on this machine) used {per_run:.2f} CPU s a "
-              f"fleet run: {per_run / args.hosts * 1000:.0f} ms a host")
+        client = fleet["fleet"].cpu
+        startup = fleet["none"].cpu
+        collector = collector_cpu(patterns, 9)
+        sessions = per_run / args.hosts
+        print(f"\n  CPU of one fleet run ({args.hosts} hosts), all on this machine:")
+        print(f"    audit (the client)      {client:6.2f} s: {startup * 1000:.0f} ms starting up "
+              f"(a run that reaches no host), then "
+              f"{(client - startup) / args.hosts * 1000:.1f} ms a host")
+        print(f"    the targets' sshd       {per_run:6.2f} s: {sessions * 1000:.0f} ms a host, of "
+              f"which the collector {collector * 1000:.0f} ms (measured alone) and sshd "
+              f"{(sessions - collector) * 1000:.0f} ms")
+        print(f"    together {client + per_run:.2f} CPU s on {os.cpu_count()} CPUs: at least "
+              f"{(client + per_run) / (os.cpu_count() or 1):.2f} s of wall")
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
         print(f"\npeak RSS of any child process: {children.ru_maxrss / 1024:.1f} MiB")
     finally:

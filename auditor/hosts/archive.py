@@ -14,9 +14,16 @@ import tarfile
 
 from auditor.errors import SnapshotError
 from auditor.hosts.base import Entry, Host
+from auditor.hosts.tarindex import Member, fast_index
+
+#: tarfile's member types that map straight to an entry kind (regular files aside).
+_KINDS = (tarfile.DIRTYPE, tarfile.SYMTYPE, tarfile.LNKTYPE, tarfile.CHRTYPE, tarfile.BLKTYPE)
 
 
 def _member_path(name: str) -> str:
+    if name and name[0] not in "./" and "/." not in name and "//" not in name \
+            and name[-1] != "/":
+        return "/" + name  # already normal (no ".", "..", doubled or trailing "/")
     name = name.lstrip("/")
     while name.startswith("./"):
         name = name[2:]
@@ -47,12 +54,11 @@ class ArchiveHost(Host):
         self._offsets: dict[str, tuple[int, int]] = {}
         self._hardlinks: dict[str, str] = {}
         self._children: dict[str, set[str]] = {"/": set()}
-        try:
-            with tarfile.open(fileobj=io.BytesIO(self._data), mode="r:") as archive:
-                for member in archive:
-                    self._add(member)
-        except (tarfile.TarError, EOFError) as exc:
-            raise SnapshotError(f"{label}: not a readable tar archive ({exc})") from exc
+        members = fast_index(self._data)
+        if members is None:
+            members = self._tarfile_members(label)
+        for member in members:
+            self._add(member)
         self.name = name or self.read_optional("/etc/hostname") or posixpath.basename(label)
 
     @classmethod
@@ -65,24 +71,43 @@ class ArchiveHost(Host):
             raise SnapshotError(f"{path}: cannot read capture ({exc.strerror})") from exc
         return cls(data, path)
 
-    def _add(self, member: tarfile.TarInfo) -> None:
+    def _tarfile_members(self, label: str) -> list[Member]:
+        """Index the archive with tarfile: every case the fast reader leaves to it."""
+        members: list[Member] = []
+        try:
+            with tarfile.open(fileobj=io.BytesIO(self._data), mode="r:") as archive:
+                for info in archive:
+                    if info.isreg():
+                        kind = 0x30
+                    elif info.type in _KINDS:
+                        kind = info.type[0]
+                    else:
+                        kind = 0x36  # a FIFO or a type tarfile does not know: "other"
+                    members.append(Member(info.name, kind, info.linkname, info.offset_data,
+                                          info.size, info.devmajor, info.devminor))
+        except (tarfile.TarError, EOFError) as exc:
+            raise SnapshotError(f"{label}: not a readable tar archive ({exc})") from exc
+        return members
+
+    def _add(self, member: Member) -> None:
         path = _member_path(member.name)
         if path == "/":
             return
         self._add_parents(path)
-        if member.isdir():
+        kind = member.type
+        if kind == 0x35:  # "5"
             entry = Entry("dir")
             self._children.setdefault(path, set())
-        elif member.issym():
+        elif kind == 0x32:  # "2"
             entry = Entry("link", target=member.linkname)
-        elif member.islnk():
+        elif kind == 0x31:  # "1"
             entry = Entry("file")
             self._hardlinks[path] = _member_path(member.linkname)
-        elif member.ischr():
+        elif kind == 0x33:  # "3"
             entry = Entry("chr", major=member.devmajor, minor=member.devminor)
-        elif member.isblk():
+        elif kind == 0x34:  # "4"
             entry = Entry("blk", major=member.devmajor, minor=member.devminor)
-        elif member.isfile():
+        elif kind in (0x30, 0x37, 0):  # "0", "7" and the old "\0"
             entry = Entry("file")
             self._offsets[path] = (member.offset_data, member.size)
         else:
@@ -90,14 +115,15 @@ class ArchiveHost(Host):
         self._entries[path] = entry
 
     def _add_parents(self, path: str) -> None:
-        child = path
-        parent = posixpath.dirname(child)
+        # path is normal and absolute: rpartition is dirname and basename, and cheaper.
+        parent, _, name = path.rpartition("/")
         while True:
-            self._children.setdefault(parent, set()).add(posixpath.basename(child))
+            parent = parent or "/"
+            self._children.setdefault(parent, set()).add(name)
             if parent in self._entries:
                 break
             self._entries[parent] = Entry("dir")
-            child, parent = parent, posixpath.dirname(parent)
+            parent, _, name = parent.rpartition("/")
 
     def lstat(self, path: str) -> Entry | None:
         return self._entries.get(path)

@@ -20,6 +20,7 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -119,7 +120,68 @@ def _known_hosts_files(options: SshOptions, ssh_config: dict[str, Any]) -> list[
     return list(seen)
 
 
-def _make_policy(record_to: str | None) -> Any:
+class SshContext:
+    """What the connections of one run share: the fabric config and the known_hosts keys.
+
+    An audit of many hosts would otherwise build a fabric config (reading the ssh
+    config files) and parse every known_hosts file once per host: CPU that grows
+    with the fleet times the size of known_hosts. Both are read once here, on
+    first use, and only read afterwards (so threads share them safely); a key
+    trusted on first use is added to the shared keys too.
+    """
+
+    def __init__(self, options: SshOptions) -> None:
+        self.options = options
+        self._lock = threading.Lock()
+        self._config: fabric.Config | None = None
+        self._host_keys: dict[tuple[str, ...], paramiko.HostKeys] = {}
+
+    def config(self) -> fabric.Config:
+        """Return the fabric config (``~/.ssh/config`` or ``--ssh-config`` parsed once)."""
+        import fabric
+
+        with self._lock:
+            if self._config is None:
+                config = fabric.Config(overrides={"load_ssh_configs": True},
+                                       runtime_ssh_path=self.options.ssh_config)
+                if self.options.ssh_config is not None:
+                    config.set_runtime_ssh_path(self.options.ssh_config)
+                    config.load_ssh_config()
+                self._config = config
+            return self._config
+
+    def _keys(self, files: tuple[str, ...]) -> paramiko.HostKeys:
+        import paramiko
+
+        keys = self._host_keys.get(files)
+        if keys is None:
+            keys = paramiko.HostKeys()
+            for path in files:
+                if os.path.isfile(path):
+                    try:
+                        keys.load(path)
+                    except (OSError, paramiko.SSHException, ValueError):
+                        continue  # a malformed line elsewhere must not stop the audit
+            self._host_keys[files] = keys
+        return keys
+
+    def known_keys(self, files: Sequence[str], name: str) -> list[tuple[str, paramiko.PKey]]:
+        """Return the (key type, key) pairs the known_hosts ``files`` hold for ``name``."""
+        with self._lock:
+            found = self._keys(tuple(files)).lookup(name)
+            if found is None:
+                return []
+            # keys() is in file order; a type's first key wins, as in paramiko.
+            return [(keytype, found[keytype]) for keytype in dict.fromkeys(found.keys())]
+
+    def remember(self, files: Sequence[str], name: str, key: paramiko.PKey) -> None:
+        """Trust ``key`` for ``name`` in this run too (it was recorded in known_hosts)."""
+        with self._lock:
+            self._keys(tuple(files)).add(name, key.get_name(), key)
+
+
+def _make_policy(record_to: str | None, context: SshContext | None = None,
+                 files: Sequence[str] = ()) -> Any:
     """Return the paramiko policy for a key known_hosts does not hold."""
     import paramiko
 
@@ -147,30 +209,54 @@ def _make_policy(record_to: str | None) -> Any:
                 with open(record_to, "a", encoding="ascii") as handle:
                     handle.write(line)
             client.get_host_keys().add(hostname, key.get_name(), key)
+            if context is not None:
+                context.remember(files, hostname, key)
 
     return AcceptNew() if record_to else RefuseUnknown()
 
 
-def _check_host_keys(conn: fabric.Connection, options: SshOptions) -> None:
+def _check_host_keys(conn: fabric.Connection, options: SshOptions,
+                     context: SshContext | None = None) -> None:
     """Make a connection, and every ProxyJump hop before it, verify host keys."""
     import fabric
-    import paramiko
 
+    context = context or SshContext(options)
     hop: Any = conn
     while isinstance(hop, fabric.Connection):
         files = _known_hosts_files(options, dict(hop.ssh_config))
-        for path in files:
-            if os.path.isfile(path):
-                try:
-                    hop.client.load_system_host_keys(path)
-                except (OSError, paramiko.SSHException, ValueError):
-                    continue  # a malformed line elsewhere must not stop the audit
+        # The name paramiko looks the server's key up by (OpenSSH's known_hosts form).
+        port = int(hop.port)
+        name = hop.host if port == 22 else f"[{hop.host}]:{port}"
+        # Only this host's keys go into the client: paramiko checks the server's
+        # key against them (a changed key is refused), and a missing one goes to
+        # the policy below.
+        known = hop.client.get_host_keys()
+        for keytype, key in context.known_keys(files, name):
+            known.add(name, keytype, key)
         # Trust on first use records the key in the first known_hosts file named
         # (--known-hosts, then UserKnownHostsFile, then ~/.ssh/known_hosts).
         record = files[0] if options.accept_new_host_keys else None
         # fabric trusts any new key (AutoAddPolicy), gateways included: replace it.
-        hop.client.set_missing_host_key_policy(_make_policy(record))
+        hop.client.set_missing_host_key_policy(_make_policy(record, context, files))
         hop = hop.gateway
+
+
+#: Ciphers tried first: AES-GCM decrypts and authenticates in one call into OpenSSL,
+#: where paramiko's default first choice (AES-CTR) adds an HMAC computed per
+#: packet. Both are in OpenSSH's defaults; the rest of paramiko's order follows.
+PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
+
+
+def _transport(sock: Any, **kwargs: Any) -> paramiko.Transport:
+    """Return a paramiko transport that offers AES-GCM first (paramiko's ``transport_factory``)."""
+    import paramiko
+
+    transport = paramiko.Transport(sock, **kwargs)
+    options = transport.get_security_options()
+    offered = tuple(options.ciphers)
+    first = tuple(c for c in PREFERRED_CIPHERS if c in offered)
+    options.ciphers = first + tuple(c for c in offered if c not in first)
+    return transport
 
 
 class QuickAckSocket:
@@ -198,7 +284,7 @@ class QuickAckSocket:
         return getattr(self._sock, name)
 
 
-def _sysroot_path(root: str | None) -> str | None:
+def sysroot_path(root: str | None) -> str | None:
     """Return a remote sysroot path normalised (None for the host's own ``/``)."""
     if root is None:
         return None
@@ -215,14 +301,17 @@ class SshHost(Host):
 
     kind = "ssh"
 
-    def __init__(self, target: SshTarget, options: SshOptions | None = None) -> None:
+    def __init__(self, target: SshTarget, options: SshOptions | None = None,
+                 context: SshContext | None = None) -> None:
         self.spec = target
         self.options = options or SshOptions()
+        #: Shared by the hosts of one run (config and known_hosts read once); one's own if None.
+        self.context = context or SshContext(self.options)
         self.user = target.user or self.options.user
         self.port = target.port or self.options.port
         self.name = target.display
         #: The sysroot directory audited on the host, or None for the host itself.
-        self.root = _sysroot_path(self.options.root)
+        self.root = sysroot_path(self.options.root)
         if self.root is not None:
             self.kind = "sysroot"
         self.target = f"ssh://{target.host}"
@@ -241,12 +330,9 @@ class SshHost(Host):
     def _connection(self) -> fabric.Connection:
         import fabric
 
-        overrides: dict[str, Any] = {"load_ssh_configs": True}
-        config = fabric.Config(overrides=overrides, runtime_ssh_path=self.options.ssh_config)
-        if self.options.ssh_config is not None:
-            config.set_runtime_ssh_path(self.options.ssh_config)
-            config.load_ssh_config()
+        config = self.context.config()
         connect_kwargs: dict[str, Any] = {
+            "transport_factory": _transport,
             "banner_timeout": self.options.timeout,
             "auth_timeout": self.options.timeout,
             "channel_timeout": self.options.timeout,
@@ -271,7 +357,7 @@ class SshHost(Host):
         user = conn.user
         self.target = f"ssh://{user}@{self.spec.host}:{conn.port}" + (
             f":{self.root}" if self.root else "")
-        _check_host_keys(conn, self.options)
+        _check_host_keys(conn, self.options, self.context)
         try:
             if not conn.gateway:
                 # A socket of our own, so TCP_NODELAY is on from the first packet:

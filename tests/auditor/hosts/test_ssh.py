@@ -14,7 +14,7 @@ import pytest
 from auditor import collect
 from auditor.errors import AuthenticationFailed, HostKeyRejected, HostUnreachable, UsageError
 from auditor.hosts import LocalHost
-from auditor.hosts.ssh import SshHost, SshTarget, parse_target
+from auditor.hosts.ssh import SshContext, SshHost, SshTarget, parse_target
 from auditor.registry import load_checks
 from auditor.runner import audit
 from tests.auditor.conftest import DROP, NOPY, NOSUDO, SUDO, SshEnv
@@ -148,6 +148,53 @@ def test_changed_host_key_is_refused_even_with_accept_new(ssh_env: SshEnv,
         with pytest.raises(HostKeyRejected, match="CHANGED"):
             open_host(ssh_env, known_hosts=(str(wrong),), accept_new_host_keys=accept)
     assert wrong.read_text().count("\n") == 1
+
+
+def test_shared_context_reads_known_hosts_once_and_keeps_refusing(ssh_env: SshEnv,
+                                                                   tmp_path: Path) -> None:
+    # Many hosts' keys in one file, read once for the run; each host is still checked.
+    other = keygen(tmp_path / "other_key").with_suffix(".pub").read_text().split()
+    port = ssh_env.server.port
+    known = tmp_path / "known_hosts"
+    known.write_text("".join(f"[10.9.{i // 250}.{i % 250}]:{port} {other[0]} {other[1]}\n"
+                             for i in range(400)) + ssh_env.server.known_hosts_line)
+    options = ssh_env.options(SUDO, known_hosts=(str(known),))
+    context = SshContext(options)
+    for _ in range(2):
+        host = SshHost(parse_target(ssh_env.server.target), options, context)
+        host.connect()
+        host.collect(PATTERNS[:3])
+        assert host.collection is not None
+    # The file changes after it was read: this run keeps what it read, and a key
+    # the file never held for this name is refused.
+    known.write_text("")
+    again = SshHost(parse_target(ssh_env.server.target), options, context)
+    again.connect()
+    again.close()
+    stranger = SshHost(parse_target(f"localhost:{port}"), options, context)
+    with pytest.raises(HostKeyRejected, match="not in known_hosts"):
+        stranger.connect()
+    # A wrong key for the name is a changed key, also through a shared context.
+    wrong = tmp_path / "wrong"
+    wrong.write_text(f"[127.0.0.1]:{port} {other[0]} {other[1]}\n")
+    wrong_options = ssh_env.options(SUDO, known_hosts=(str(wrong),), accept_new_host_keys=True)
+    shared = SshContext(wrong_options)
+    for _ in range(2):
+        with pytest.raises(HostKeyRejected, match="CHANGED"):
+            SshHost(parse_target(ssh_env.server.target), wrong_options, shared).connect()
+    assert wrong.read_text().count("\n") == 1
+
+
+def test_shared_context_records_a_new_key_once(ssh_env: SshEnv, tmp_path: Path) -> None:
+    record = tmp_path / "known_hosts"
+    options = ssh_env.options(SUDO, known_hosts=(str(record),), accept_new_host_keys=True)
+    context = SshContext(options)
+    for _ in range(3):
+        host = SshHost(parse_target(ssh_env.server.target), options, context)
+        host.connect()
+        host.close()
+    # Trusted from the first connection on, for the rest of the run: recorded once.
+    assert record.read_text() == ssh_env.server.known_hosts_line
 
 
 def test_refused_login_is_authentication_failed(ssh_env: SshEnv, tmp_path: Path) -> None:

@@ -1,0 +1,134 @@
+"""``audit host`` spread over worker processes: same reports, faults and Ctrl-C as threads."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from auditor.cli import AuditOptions, main, prepare
+from auditor.cli_host import FleetAudit, worker_count
+from auditor.hosts.ssh import parse_target
+from auditor.model import FailOn, Report
+from tests.auditor.conftest import SshEnv
+from tests.sshd import SilentListener, Sshd
+
+ssh = pytest.mark.ssh
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def servers(ssh_env: SshEnv) -> Iterator[list[Sshd]]:
+    """Three sshd instances on loopback, with their keys in the lab's known_hosts."""
+    started = [ssh_env.lab.start() for _ in range(3)]
+    ssh_env.lab.known_hosts(ssh_env.known_hosts, [ssh_env.server, *started])
+    yield started
+    for server in started:
+        server.stop()
+
+
+def test_worker_count() -> None:
+    assert worker_count(50, 2) == 1  # two CPUs: one process (measured as fast)
+    assert worker_count(50, 16) == 3  # one per 16 hosts
+    assert worker_count(1000, 16) == 16  # at most one per CPU
+    assert worker_count(10, 64) == 1
+    assert worker_count(3, 2, asked=8) == 3  # asked for: at most one per host
+
+
+def test_reports_travel_between_processes() -> None:
+    from auditor.hosts.archive import ArchiveHost
+    from auditor.runner import audit
+    from tests.conftest import CAPTURES
+
+    checks, policy = prepare(AuditOptions("json", None, (), (), FailOn.FAIL, None, None, False))
+    report = audit(ArchiveHost.from_path(str(CAPTURES["h200"])), checks, policy)
+    assert report.findings
+    assert pickle.loads(pickle.dumps(report)) == report
+
+
+@ssh
+def test_workers_give_the_threads_reports_in_order(
+    ssh_env: SshEnv, servers: list[Sshd], capfd: pytest.CaptureFixture[str]
+) -> None:
+    dead = f"127.0.0.1:{free_port()}"
+    targets = [s.target for s in servers] + [dead, ssh_env.server.target]
+    documents = []
+    for workers in ("1", "2"):
+        code = main(["host", *targets, *ssh_env.cli_args(), "--format", "json",
+                     "--workers", workers])
+        out, err = capfd.readouterr()  # a worker's error line goes to the real stderr
+        assert code == 3
+        assert err.count("audit: error:") == 1 and dead in err
+        documents.append(json.loads(out))
+    threads, processes = documents
+    assert [h["target"] for h in processes["hosts"]] == [h["target"] for h in threads["hosts"]]
+    assert processes["summary"] == threads["summary"]
+    for one, other in zip(threads["hosts"], processes["hosts"], strict=True):
+        assert [f["check"] for f in one["findings"]] == [f["check"] for f in other["findings"]]
+    assert "refused" in processes["hosts"][3]["error"]
+
+
+@ssh
+def test_a_dead_worker_fails_only_its_unfinished_hosts(
+    ssh_env: SshEnv, servers: list[Sshd], capsys: pytest.CaptureFixture[str]
+) -> None:
+    silent = SilentListener()
+    try:
+        # Two workers: hosts 0 and 2 go to the first, 1 and 3 (the silent one) to the second.
+        targets = [parse_target(t) for t in (servers[0].target, servers[1].target,
+                                             servers[2].target, f"127.0.0.1:{silent.port}")]
+        checks, policy = prepare(AuditOptions("json", None, (), (), FailOn.FAIL, None, None,
+                                              False))
+        options = ssh_env.options(timeout=30.0)
+        fleet = FleetAudit(targets, options, checks, policy, workers=2)
+        fleet.start()
+        second = fleet._processes[1][0]
+        done: list[Report] = []
+        time.sleep(2)  # the second worker has audited host 1 and waits on the silent one
+        second.kill()
+        started = time.monotonic()
+        reports = fleet.run(done.append)
+    finally:
+        silent.close()
+    assert time.monotonic() - started < 10
+    assert len(reports) == len(done) == 4
+    assert [bool(r.error) for r in reports] == [False, False, False, True]
+    assert "worker process auditing it ended" in str(reports[3].error)
+    assert capsys.readouterr().err.count("audit: error:") == 1
+
+
+@ssh
+def test_ctrl_c_ends_the_workers_and_keeps_what_was_finished(ssh_env: SshEnv) -> None:
+    silent = SilentListener()
+    command = [str(Path(sys.executable).parent / "audit"), "host", ssh_env.server.target,
+               f"127.0.0.1:{silent.port}", *ssh_env.cli_args(), "--timeout", "30",
+               "--workers", "2"]
+    try:
+        # Its own process group, as a terminal's Ctrl-C signals every process in it.
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True, start_new_session=True)
+        time.sleep(4)
+        started = time.monotonic()
+        os.killpg(process.pid, signal.SIGINT)
+        out, err = process.communicate(timeout=15)
+    finally:
+        silent.close()
+    assert time.monotonic() - started < 5
+    assert process.returncode == 130
+    assert "interrupted: 1 of 2 hosts audited" in err
+    assert "Traceback" not in err
+    assert "numa.balancing" in out
