@@ -27,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,19 +60,78 @@ for path in paths:
 
 @dataclass
 class Sample:
-    """One command's figures: median wall and CPU seconds, peak RSS of its process tree."""
+    """One command's figures: median wall and CPU seconds, and its memory.
+
+    ``rss_kib`` is the peak RSS of its largest process; ``pss_kib`` the peak of the
+    whole process tree's PSS added up (shared pages counted once, split between the
+    processes sharing them): what a run with worker processes really takes.
+    """
 
     wall: float
     cpu: float
     rss_kib: int
+    pss_kib: int = 0
+
+
+def _tree(pid: int) -> list[int]:
+    """Return a process and all its descendants."""
+    found, pending = [], [pid]
+    while pending:
+        current = pending.pop()
+        found.append(current)
+        for task in Path(f"/proc/{current}/task").glob("*/children"):
+            try:
+                pending.extend(int(c) for c in task.read_text().split())
+            except OSError:
+                continue
+    return found
+
+
+def _tree_pss(pid: int) -> int:
+    """Return the PSS (KiB) of a process tree now, 0 for what has already gone."""
+    total = 0
+    for member in _tree(pid):
+        try:
+            for line in Path(f"/proc/{member}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1])
+                    break
+        except (OSError, ValueError):
+            continue
+    return total
+
+
+class PssSampler:
+    """Sample a process tree's total PSS every 10 ms in a thread; keep the peak."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.01):
+            self.peak = max(self.peak, _tree_pss(self.pid))
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
 
 
 def run_timed(command: list[str], env: dict[str, str] | None = None,
-              codes: tuple[int, ...] = (0, 1)) -> tuple[float, float, int]:
-    """Run a command; return wall seconds, CPU seconds and peak RSS (KiB) of its tree."""
+              codes: tuple[int, ...] = (0, 1), *, pss: bool = False
+              ) -> tuple[float, float, int, int]:
+    """Run a command; return wall s, CPU s, the largest process's peak RSS and tree PSS (KiB)."""
     started = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                env=env)
+    sampler = PssSampler(process.pid) if pss else None
+    # Reap only once the sampler has stopped: a reaped pid may be reused.
+    os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOWAIT)
+    peak_pss = sampler.stop() if sampler else 0
     _, status, usage = os.wait4(process.pid, 0)
     wall = time.perf_counter() - started
     code = os.waitstatus_to_exitcode(status)
@@ -79,7 +139,7 @@ def run_timed(command: list[str], env: dict[str, str] | None = None,
     if code not in codes:
         stderr = process.stderr.read().decode() if process.stderr else ""
         raise RuntimeError(f"{command[0]} exited {code}: {stderr[-800:]}")
-    return wall, usage.ru_utime + usage.ru_stime, int(usage.ru_maxrss)
+    return wall, usage.ru_utime + usage.ru_stime, int(usage.ru_maxrss), peak_pss
 
 
 def measure(commands: dict[str, tuple[list[str], dict[str, str] | None]],
@@ -88,16 +148,17 @@ def measure(commands: dict[str, tuple[list[str], dict[str, str] | None]],
     codes = codes or {}
     for name, (command, env) in commands.items():
         run_timed(command, env, codes.get(name, (0, 1)))  # warm-up: page cache, .pyc files
-    runs: dict[str, list[tuple[float, float, int]]] = {name: [] for name in commands}
+    runs: dict[str, list[tuple[float, float, int, int]]] = {name: [] for name in commands}
     for _ in range(rounds):
         for name, (command, env) in commands.items():
-            runs[name].append(run_timed(command, env, codes.get(name, (0, 1))))
+            runs[name].append(run_timed(command, env, codes.get(name, (0, 1)), pss=True))
             if env is not None and "ANSIBLE_SSH_ARGS" in env:
                 stop_control_masters(env)
     return {
         name: Sample(statistics.median(r[0] for r in samples),
                      statistics.median(r[1] for r in samples),
-                     max(r[2] for r in samples))
+                     max(r[2] for r in samples),
+                     max(r[3] for r in samples))
         for name, samples in runs.items()
     }
 
@@ -115,8 +176,8 @@ def collector_cpu(patterns: list[str], rounds: int) -> float:
     for _ in range(rounds):
         # a session's environment: a login shell's PATH, the user's own shell
         run = ["su", "-", USER, "-s", "/bin/sh", "-c"]
-        _, with_command, _ = run_timed([*run, command])
-        _, bare, _ = run_timed([*run, "true"])
+        _, with_command, _, _ = run_timed([*run, command])
+        _, bare, _, _ = run_timed([*run, "true"])
         costs.append(with_command - bare)
     return statistics.median(costs)
 
@@ -174,10 +235,11 @@ def ansible_env(root: Path, key: Path, known: Path) -> dict[str, str]:
 def row(name: str, sample: Sample, ratio_to: Sample | None = None) -> str:
     ratio = f"{sample.wall / ratio_to.wall:5.2f}x" if ratio_to else "      "
     return (f"  {name:<36} {sample.wall * 1000:7.0f} ms  {ratio}  {sample.cpu * 1000:7.0f} ms"
-            f"  {sample.rss_kib / 1024:7.1f} MiB")
+            f"  {sample.rss_kib / 1024:7.1f} MiB  {sample.pss_kib / 1024:7.1f} MiB")
 
 
-HEADER = f"  {'':<36} {'wall':>10}  {'ratio':>6}  {'CPU':>10}  {'peak RSS':>11}"
+HEADER = (f"  {'':<36} {'wall':>10}  {'ratio':>6}  {'CPU':>10}  {'peak RSS':>11}"
+          f"  {'tree PSS':>11}")
 
 
 def main() -> int:
