@@ -7,11 +7,12 @@ import os
 import re
 import shlex
 from collections.abc import Sequence
-from typing import Any, Literal
-
-import jinja2
+from typing import TYPE_CHECKING, Any, Literal
 
 from auditor.model import CheckResult, FailOn, Finding, Report, Status
+
+if TYPE_CHECKING:
+    import jinja2
 
 FORMATS = ("text", "json", "markdown", "html", "junit", "prometheus")
 _TEMPLATES = {
@@ -93,6 +94,8 @@ def _templates_dir() -> str:
 
 def make_environment(kind: Kind = "text", colour: bool = False) -> jinja2.Environment:
     """Return a Jinja environment: strict undefined always; HTML/XML autoescaped; shell quoted."""
+    import jinja2  # here, not at import: JSON and Prometheus reports need no templates
+
     options: dict[str, Any] = {
         "loader": jinja2.FileSystemLoader(_templates_dir()),
         "undefined": jinja2.StrictUndefined,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
 
@@ -10,7 +12,7 @@ import pytest
 
 from auditor.model import CheckResult, FailOn, Report, Status
 from auditor.render import FORMATS, make_environment, render_report, render_reports, shell_quote
-from tests.conftest import make_finding
+from tests.conftest import Sysroot, make_finding
 
 HOSTILE = "0000:41:00.0\n$(touch /tmp/pwned)</td><script>alert(1)</script>\x01"
 
@@ -124,3 +126,14 @@ def test_shell_environment_quotes_every_value(value: str, tmp_path: object) -> N
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True)
     assert out.stdout == value
     assert shell_quote(value) in script
+
+
+def test_json_report_does_not_import_jinja(h200: Sysroot) -> None:
+    """JSON is what pipelines and fleets ask for: it skips the template engine's import."""
+    probe = ("import io, sys, contextlib\n"
+             "from auditor.cli import main\n"
+             "with contextlib.redirect_stdout(io.StringIO()):\n"
+             f"    main(['local', '--root', {str(h200.root)!r}, '--format', 'json'])\n"
+             "sys.exit(3 if 'jinja2' in sys.modules else 0)")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
