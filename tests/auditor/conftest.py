@@ -83,3 +83,13 @@ def ssh_env() -> Iterator[SshEnv]:
     finally:
         lab.close()
         shutil.rmtree(lab.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def fleet(ssh_env: SshEnv) -> Iterator[list[Sshd]]:
+    """Three more sshd instances on loopback ports, with their keys in the lab's known_hosts."""
+    servers = [ssh_env.lab.start() for _ in range(3)]
+    ssh_env.lab.known_hosts(ssh_env.known_hosts, [ssh_env.server, *servers])
+    yield servers
+    for server in servers:
+        server.stop()

@@ -28,7 +28,7 @@ from tests.auditor.conftest import NOPY, NOSUDO, SUDO, SshEnv
 from tests.conftest import make_finding
 from tests.fixkit import tree_hash
 from tests.hostgen import build_host
-from tests.sshd import SilentListener, Sshd, netns, netns_available
+from tests.sshd import SilentListener, Sshd, free_port, netns, netns_available
 
 ssh = pytest.mark.ssh
 
@@ -41,22 +41,6 @@ def run_audit(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str,
 
 def findings_without_host(document: dict[str, Any]) -> list[dict[str, Any]]:
     return [{k: v for k, v in f.items() if k != "host"} for f in document["findings"]]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-@pytest.fixture(scope="module")
-def fleet(ssh_env: SshEnv) -> Iterator[list[Sshd]]:
-    """Three more sshd instances on loopback ports, with their keys in the lab's known_hosts."""
-    servers = [ssh_env.lab.start() for _ in range(3)]
-    ssh_env.lab.known_hosts(ssh_env.known_hosts, [ssh_env.server, *servers])
-    yield servers
-    for server in servers:
-        server.stop()
 
 
 @ssh

@@ -6,11 +6,9 @@ import json
 import os
 import pickle
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,25 +18,9 @@ from auditor.cli_host import FleetAudit, worker_count
 from auditor.hosts.ssh import parse_target
 from auditor.model import FailOn, Report
 from tests.auditor.conftest import SshEnv
-from tests.sshd import SilentListener, Sshd
+from tests.sshd import SilentListener, Sshd, free_port
 
 ssh = pytest.mark.ssh
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-@pytest.fixture(scope="module")
-def servers(ssh_env: SshEnv) -> Iterator[list[Sshd]]:
-    """Three sshd instances on loopback, with their keys in the lab's known_hosts."""
-    started = [ssh_env.lab.start() for _ in range(3)]
-    ssh_env.lab.known_hosts(ssh_env.known_hosts, [ssh_env.server, *started])
-    yield started
-    for server in started:
-        server.stop()
 
 
 def test_worker_count() -> None:
@@ -62,10 +44,10 @@ def test_reports_travel_between_processes() -> None:
 
 @ssh
 def test_workers_give_the_threads_reports_in_order(
-    ssh_env: SshEnv, servers: list[Sshd], capfd: pytest.CaptureFixture[str]
+    ssh_env: SshEnv, fleet: list[Sshd], capfd: pytest.CaptureFixture[str]
 ) -> None:
     dead = f"127.0.0.1:{free_port()}"
-    targets = [s.target for s in servers] + [dead, ssh_env.server.target]
+    targets = [s.target for s in fleet] + [dead, ssh_env.server.target]
     documents = []
     for workers in ("1", "2"):
         code = main(["host", *targets, *ssh_env.cli_args(), "--format", "json",
@@ -84,13 +66,13 @@ def test_workers_give_the_threads_reports_in_order(
 
 @ssh
 def test_a_dead_worker_fails_only_its_unfinished_hosts(
-    ssh_env: SshEnv, servers: list[Sshd], capsys: pytest.CaptureFixture[str]
+    ssh_env: SshEnv, fleet: list[Sshd], capsys: pytest.CaptureFixture[str]
 ) -> None:
     silent = SilentListener()
     try:
         # Two workers: hosts 0 and 2 go to the first, 1 and 3 (the silent one) to the second.
-        targets = [parse_target(t) for t in (servers[0].target, servers[1].target,
-                                             servers[2].target, f"127.0.0.1:{silent.port}")]
+        targets = [parse_target(t) for t in (fleet[0].target, fleet[1].target,
+                                             fleet[2].target, f"127.0.0.1:{silent.port}")]
         checks, policy = prepare(AuditOptions("json", None, (), (), FailOn.FAIL, None, None,
                                               False))
         options = ssh_env.options(timeout=30.0)
