@@ -94,11 +94,13 @@ def test_a_dead_worker_fails_only_its_unfinished_hosts(
 
 
 @ssh
-def test_ctrl_c_ends_the_workers_and_keeps_what_was_finished(ssh_env: SshEnv) -> None:
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_ctrl_c_stops_and_keeps_what_was_finished(ssh_env: SshEnv, workers: str) -> None:
+    """In one process or with workers, Ctrl-C ends at once and reports the finished hosts."""
     silent = SilentListener()
     command = [str(Path(sys.executable).parent / "audit"), "host", ssh_env.server.target,
                f"127.0.0.1:{silent.port}", *ssh_env.cli_args(), "--timeout", "30",
-               "--workers", "2"]
+               "--workers", workers]
     try:
         # Its own process group, as a terminal's Ctrl-C signals every process in it.
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
