@@ -42,7 +42,7 @@ def fatal(message: str, code: int) -> NoReturn:
 
 FormatOpt = Annotated[
     str,
-    typer.Option("--format", "-f", help="text, json, markdown, html or junit.",
+    typer.Option("--format", "-f", help="text, json, markdown, html, junit or prometheus.",
                  metavar="FORMAT"),
 ]
 OutputOpt = Annotated[
