@@ -8,6 +8,7 @@ from typing import ClassVar
 from auditor.check import Check
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity
+from auditor.parsing import kernel_cmdline_params
 
 SYSCTL_KEY = "kernel.numa_balancing"
 RUNTIME_PATH = "/proc/sys/kernel/numa_balancing"
@@ -40,16 +41,6 @@ def sysctl_files(host: Host) -> list[str]:
     return ordered
 
 
-def cmdline_value(host: Host) -> str | None:
-    """Return the ``numa_balancing=`` value on the running kernel's command line, or None."""
-    value = None
-    for word in (host.read_optional(CMDLINE_PATH) or "").split():
-        name, sep, rest = word.partition("=")
-        if sep and name == "numa_balancing":
-            value = rest
-    return value
-
-
 def default_enabled(host: Host) -> bool:
     """Return whether the running kernel turns balancing on at boot on a NUMA machine.
 
@@ -57,11 +48,10 @@ def default_enabled(host: Host) -> bool:
     kernel config saying otherwise makes the default off.
     """
     release = (host.read_optional(OSRELEASE_PATH) or "").strip()
-    config = host.read_optional(f"/boot/config-{release}") if release and "/" not in release \
-        else None
-    if config is None:
+    if not release or "/" in release:
         return True
-    return "# CONFIG_NUMA_BALANCING_DEFAULT_ENABLED is not set" not in config
+    config = host.read_optional(f"/boot/config-{release}")
+    return config is None or "# CONFIG_NUMA_BALANCING_DEFAULT_ENABLED is not set" not in config
 
 
 def boot_value(host: Host, key: str) -> tuple[str, str] | None:
@@ -149,19 +139,24 @@ class NumaBalancing(Check):
                 observed=f"0 (boot: {boot[0]})", expected="0", fix=f"set it to 0 in {boot[1]}",
                 evidence=evidence,
             )
-        elif boot is None and cmdline_value(host) not in ("disable", "0") \
-                and default_enabled(host):
-            yield self.warned(
-                "kernel",
-                f"automatic NUMA balancing is off now on {len(nodes)} nodes, but no sysctl "
-                "file keeps it off: the kernel's default (on) comes back at the next boot",
-                observed="0 (boot: kernel default, on)", expected="0", fix=fix,
-                evidence=evidence,
-            )
         else:
-            kept = boot_note or (
-                "; the boot command line keeps it off" if cmdline_value(host) in ("disable", "0")
-                else "; the kernel starts with it off")
+            kept = boot_note
+            if boot is None:
+                params = kernel_cmdline_params(host.read_optional(CMDLINE_PATH) or "")
+                if params.get("numa_balancing") in ("disable", "0"):
+                    kept = "; the boot command line keeps it off"
+                elif not default_enabled(host):
+                    kept = "; the kernel starts with it off"
+                else:
+                    yield self.warned(
+                        "kernel",
+                        f"automatic NUMA balancing is off now on {len(nodes)} nodes, but no "
+                        "sysctl file keeps it off: the kernel's default (on) comes back at "
+                        "the next boot",
+                        observed="0 (boot: kernel default, on)", expected="0", fix=fix,
+                        evidence=evidence,
+                    )
+                    return
             yield self.passed(
                 "kernel", f"automatic NUMA balancing is disabled on {len(nodes)} nodes{kept}",
                 observed=runtime, expected="0", evidence=evidence,

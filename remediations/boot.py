@@ -14,6 +14,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 from auditor.hosts.base import Host
+from auditor.parsing import kernel_cmdline_params
 from remediations.base import AppendLine, Remedy, ReplaceLine, RunCommand, Step
 
 GRUB_DEFAULT = "/etc/default/grub"
@@ -77,7 +78,7 @@ def boot_remedy(host: Host, params: Sequence[str], os_release: Mapping[str, str]
     notes: list[str] = []
     family = _family(os_release)
     proxmox = host.exists(PROXMOX_BOOT_UUIDS)
-    grub_booted = "BOOT_IMAGE=" in (host.read_optional("/proc/cmdline") or "")
+    grub_booted = "BOOT_IMAGE" in kernel_cmdline_params(host.read_optional("/proc/cmdline") or "")
     if proxmox and host.exists(KERNEL_CMDLINE) and not (grub_booted
                                                          and host.exists(GRUB_DEFAULT)):
         steps += _cmdline_file(host, params)
