@@ -430,9 +430,10 @@ def image() -> Iterator[Path]:
         shutil.rmtree(parent, ignore_errors=True)
 
 
-def apply_command(ssh_env: SshEnv, root: Path, user: str = SUDO) -> list[str]:
-    return [str(Path(sys.executable).parent / "audit"), "host", ssh_env.server.target,
-            *ssh_env.cli_args(user), "--sudo", "--root", str(root), "--apply"]
+def apply_args(ssh_env: SshEnv, root: Path, user: str = SUDO) -> list[str]:
+    """Return the arguments of ``audit`` that apply the fix to ``root`` on the lab's sshd."""
+    return ["host", ssh_env.server.target, *ssh_env.cli_args(user), "--sudo", "--root",
+            str(root), "--apply"]
 
 
 def check_statuses(document: dict[str, Any]) -> dict[str, set[str]]:
@@ -451,7 +452,8 @@ def test_apply_asks_on_a_terminal_then_fixes_and_audits_again(
     for answer in ("n", "y"):
         controller, terminal = pty.openpty()
         try:
-            process = subprocess.Popen(apply_command(ssh_env, image), stdin=terminal,
+            process = subprocess.Popen([str(Path(sys.executable).parent / "audit"),
+                                        *apply_args(ssh_env, image)], stdin=terminal,
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             os.write(controller, f"{answer}\n".encode())
             out, err = process.communicate(timeout=120)
@@ -479,7 +481,7 @@ def test_apply_with_yes_then_again_then_the_rollback(
     """The report after the fix passes; a second apply has nothing to do; undo restores all."""
     before = tree_hash(image)
     undo = tmp_path / "undo.sh"
-    code, out, err = run_audit(capsys, *apply_command(ssh_env, image)[1:], "--yes",
+    code, out, err = run_audit(capsys, *apply_args(ssh_env, image), "--yes",
                                "--format", "json", "--rollback-script", str(undo))
     assert code == 1, err
     after = json.loads(out)
@@ -489,7 +491,7 @@ def test_apply_with_yes_then_again_then_the_rollback(
     assert all(statuses[check] == {"pass"} for check in FIXED), statuses
     assert "fail" in statuses["kernel.version"]
     fixed = tree_hash(image)
-    code, _out, err = run_audit(capsys, *apply_command(ssh_env, image)[1:], "--yes")
+    code, _out, err = run_audit(capsys, *apply_args(ssh_env, image), "--yes")
     assert code == 1 and "nothing to apply" in err
     assert tree_hash(image) == fixed
     undone = subprocess.run(["bash", str(undo)], capture_output=True, text=True, check=False)
@@ -513,9 +515,9 @@ def test_apply_needs_yes_off_a_terminal_and_sudo_on_the_host(
     ssh_env: SshEnv, image: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     before = tree_hash(image)
-    code, _out, err = run_audit(capsys, *apply_command(ssh_env, image)[1:])
+    code, _out, err = run_audit(capsys, *apply_args(ssh_env, image))
     assert code == 2 and "confirm with --yes" in err
-    code, _out, err = run_audit(capsys, *apply_command(ssh_env, image, NOSUDO)[1:], "--yes")
+    code, _out, err = run_audit(capsys, *apply_args(ssh_env, image, NOSUDO), "--yes")
     assert code == 1
     assert "password is required" in err and "the fix script exited 1" in err
     assert tree_hash(image) == before
