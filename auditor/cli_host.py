@@ -358,13 +358,15 @@ def _fix_remote(target: SshTarget, ssh_options: SshOptions, checks: Sequence[typ
     """Audit one host with the remediations' extra reads, then write and/or apply its fix."""
     from auditor.collect import patterns_for
     from auditor.fix import REMEDIATION_READS, LocalFixRequest, ScriptResult, fix_local
-    from auditor.hosts.ssh import SshHost
+    from auditor.hosts.ssh import SshContext, SshHost
     from auditor.runner import audit
 
     patterns = list(dict.fromkeys([*patterns_for(checks), *REMEDIATION_READS]))
+    # The audit, the fix's upload and the audit after it read ssh config and known_hosts once.
+    context = SshContext(ssh_options)
 
     def execute(script: str) -> ScriptResult:
-        runner = SshHost(target, ssh_options)
+        runner = SshHost(target, ssh_options, context)
         try:
             runner.connect()
             code, output = runner.run_script(script, sudo=True)
@@ -373,12 +375,12 @@ def _fix_remote(target: SshTarget, ssh_options: SshOptions, checks: Sequence[typ
         return ScriptResult(code, output)
 
     try:
-        host = SshHost.open(target, ssh_options, patterns)
+        host = SshHost.open(target, ssh_options, patterns, context)
         report = audit(host, checks, policy, debug=options.debug)
         report, fix_code = fix_local(
             host, report, checks, policy,
             LocalFixRequest(None, fix_script, rollback_script, apply, yes),
-            reopen=lambda: SshHost.open(target, ssh_options, patterns),
+            reopen=lambda: SshHost.open(target, ssh_options, patterns, context),
             debug=options.debug, execute=execute, where=target.display, remote=True,
         )
     except AuditorError as exc:

@@ -464,9 +464,10 @@ class SshHost(Host):
         return status, b"".join(chunks).decode("utf-8", "replace")
 
     @classmethod
-    def open(cls, target: SshTarget, options: SshOptions, patterns: list[str]) -> SshHost:
+    def open(cls, target: SshTarget, options: SshOptions, patterns: list[str],
+             context: SshContext | None = None) -> SshHost:
         """Connect to a host and collect ``patterns`` from it."""
-        host = cls(target, options)
+        host = cls(target, options, context)
         host.connect()
         host.collect(patterns)
         return host
