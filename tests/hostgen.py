@@ -144,6 +144,12 @@ class HostSpec:
     flat_sysfs: bool = False
 
 
+#: The checks whose problems a fix script repairs on the generated host; the sixth,
+#: the kernel upgrade, stays the operator's choice.
+FIXED_BY_SCRIPT = ("cpu.governor", "cpu.cstates", "numa.balancing", "pcie.mrrs",
+                   "lxc.device_majors")
+
+
 def build_host(spec: HostSpec | None = None) -> Tree:
     """Build an AMD EPYC Proxmox node with GPUs and NICs, problems as the spec says."""
     spec = spec or HostSpec()

@@ -9,7 +9,7 @@ import pytest
 
 from auditor.cli import main
 from tests.fixkit import needs_root, run, tree_hash
-from tests.hostgen import HostSpec, build_host
+from tests.hostgen import FIXED_BY_SCRIPT, HostSpec, build_host
 
 GPUS = [f"0000:{0x18 + i * 0x10:02x}:00.0" for i in range(8)]
 NICS = [f"0000:{0x1a + i * 0x20:02x}:00.0" for i in range(4)]
@@ -82,9 +82,6 @@ def test_the_tuned_host_passes(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert code == 0
 
 
-#: What the fix script repairs on this host; the kernel upgrade stays the operator's choice.
-FIXED = ("cpu.governor", "cpu.cstates", "numa.balancing", "pcie.mrrs", "lxc.device_majors")
-
 
 @needs_root
 @pytest.mark.parametrize("spec", [
@@ -105,7 +102,7 @@ def test_fix_script_repairs_the_host_and_its_rollback_restores_it(
     result = run(fix)
     assert result.returncode == 0, result.stdout + result.stderr
     code, data = audit_json(root, capsys)
-    for check in FIXED:
+    for check in FIXED_BY_SCRIPT:
         findings = [f for f in data["findings"] if f["check"] == check]  # type: ignore[union-attr]
         assert findings and {f["status"] for f in findings} == {"pass"}, (check, findings)
     [kernel] = by_status(data, "kernel.version", "fail")

@@ -25,7 +25,7 @@ from auditor.model import CheckResult, Report, Status
 from tests.auditor.conftest import NOPY, NOSUDO, SUDO, SshEnv
 from tests.conftest import make_finding
 from tests.fixkit import tree_hash
-from tests.hostgen import build_host
+from tests.hostgen import FIXED_BY_SCRIPT, build_host
 from tests.sshd import SilentListener, Sshd, free_port, netns, netns_available
 
 ssh = pytest.mark.ssh
@@ -415,9 +415,6 @@ def test_progress_bar_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch,
 
 # -- applying a fix over SSH: to a sysroot on the host (--root), so nothing here changes ------
 
-#: What the fix repairs on the generated 8-GPU host; the kernel upgrade stays opt-in.
-FIXED = ("cpu.governor", "cpu.cstates", "numa.balancing", "pcie.mrrs", "lxc.device_majors")
-
 
 @pytest.fixture
 def image() -> Iterator[Path]:
@@ -466,7 +463,7 @@ def test_apply_asks_on_a_terminal_then_fixes_and_audits_again(
             assert b"? [y/N]" in out and "not applied" in text
             assert tree_hash(image) == before
     assert process.returncode == 1, text  # the kernel still needs its reboot
-    for check in FIXED:
+    for check in FIXED_BY_SCRIPT:
         assert re.search(rf"^\s+{re.escape(check)}\s+fail -> pass$", text, re.M), text
     assert re.search(r"^\s+kernel\.version\s+fail -> fail", text, re.M)
     assert f"undo on {ssh_env.server.target} with: sudo bash {image}/var/lib/host-auditor/" \
@@ -488,7 +485,7 @@ def test_apply_with_yes_then_again_then_the_rollback(
     assert after["target"] == f"ssh://{SUDO}@127.0.0.1:{ssh_env.server.port}:{image}"
     assert after["host"] == "pve-gpu-01"
     statuses = check_statuses(after)
-    assert all(statuses[check] == {"pass"} for check in FIXED), statuses
+    assert all(statuses[check] == {"pass"} for check in FIXED_BY_SCRIPT), statuses
     assert "fail" in statuses["kernel.version"]
     fixed = tree_hash(image)
     code, _out, err = run_audit(capsys, *apply_args(ssh_env, image), "--yes")
