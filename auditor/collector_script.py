@@ -26,7 +26,7 @@ import re
 import stat
 import sys
 import tarfile
-from typing import BinaryIO, List, Optional, Set  # noqa: F401 - Set is used in type comments
+from typing import BinaryIO, Dict, List, Optional, Set, Tuple  # noqa: F401 - type comments
 
 #: The most bytes kept of one file.
 FILE_CAP = 1 << 20
@@ -113,6 +113,9 @@ class Collector:
         self.root = root
         self.tar = tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT)
         self.seen = set()  # type: Set[str]
+        # Directories and links met on the way to a path, with their lstat (and link
+        # target): the patterns share most of their components, walked once each.
+        self.walked = {}  # type: Dict[str, Tuple[os.stat_result, Optional[str]]]
 
     def close(self) -> None:
         """Finish the tar stream (the caller closes the file object)."""
@@ -182,15 +185,20 @@ class Collector:
             candidate = resolved + "/" + part
             if denied(candidate):
                 return
-            try:
-                st = os.lstat(self.root + candidate)
-            except OSError:
-                return
-            if stat.S_ISLNK(st.st_mode):
+            walked = self.walked.get(candidate)
+            if walked is None:
                 try:
-                    target = os.readlink(self.root + candidate)
+                    st = os.lstat(self.root + candidate)
+                    target = None  # type: Optional[str]
+                    if stat.S_ISLNK(st.st_mode):
+                        target = os.readlink(self.root + candidate)
                 except OSError:
                     return
+                if target is not None or stat.S_ISDIR(st.st_mode):
+                    self.walked[candidate] = (st, target)
+            else:
+                st, target = walked
+            if target is not None:
                 self._add(candidate, st, link=target)
                 hops += 1
                 if hops > _MAX_LINKS:
