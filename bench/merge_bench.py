@@ -1,7 +1,7 @@
 """Benchmark ``audit merge`` of 10,000 host results: wall time and peak RSS.
 
 The results are made from real reports (``audit local --format json`` of the
-real captures in shared/fixtures/hosts), varied per host: host names, a share
+real captures in tests/fixtures/hosts), varied per host: host names, a share
 of hosts with planted failures and warnings, a GPU server's eight PCIe
 devices with their own subjects and observed values, and a few hosts that
 could not be audited. Then ``audit merge`` runs as its own process, in each
@@ -27,9 +27,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-FIXTURES = ROOT.parent / "shared" / "fixtures" / "hosts"
-if not FIXTURES.is_dir():
-    FIXTURES = ROOT / "shared" / "fixtures" / "hosts"
+FIXTURES = ROOT / "tests" / "fixtures" / "hosts"
 AUDIT = str(Path(sys.executable).with_name("audit"))
 
 

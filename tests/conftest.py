@@ -12,9 +12,8 @@ import pytest
 
 from auditor.model import Finding, Severity, Status
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "hosts"
-if not FIXTURES.is_dir():  # a checkout with shared/ inside it
-    FIXTURES = Path(__file__).resolve().parents[1] / "shared" / "fixtures" / "hosts"
+#: The real host captures, kept in the repository (tests/fixtures/hosts/README.md).
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "hosts"
 CAPTURES = {"h200": FIXTURES / "h200-vm.tar.gz", "virtio": FIXTURES / "virtio-vm.tar.gz"}
 
 

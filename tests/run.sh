@@ -14,9 +14,9 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     done
     if [ ${#need[@]} -gt 0 ]; then
         export DEBIAN_FRONTEND=noninteractive
-        apt-get update -qq
+        apt-get -o DPkg::Lock::Timeout=300 update -qq
         # shellcheck disable=SC2046
-        apt-get install -y -qq --no-install-recommends $(printf '%s\n' "${need[@]}" | sort -u) \
+        apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends $(printf '%s\n' "${need[@]}" | sort -u) \
             >/dev/null
     fi
 fi
