@@ -1,16 +1,187 @@
-"""The check base class: metadata declared on the class, a pure ``evaluate``."""
+"""The check base class: everything about a check declared on one class.
+
+A check declares its id, severity, one-line docstring, rationale and remedy, the
+paths it reads, its options (a frozen dataclass, with values per profile), and a
+pure ``evaluate``. A check that software can fix also declares ``remediate`` and
+the extra paths that reads (``fix_reads``); one that a device event can change
+declares the ``events`` that re-run it under ``audit watch``. The registry
+derives the fixable set, the fix reads, the watched set and the profile keys
+from these declarations: nothing about a check is written down twice.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+import typing
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
-from typing import Any, ClassVar
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, cast
 
+from auditor.errors import PolicyError
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity, Status
 
+if TYPE_CHECKING:
+    from auditor.remediations.steps import FixContext, Remedy
 
-class Check(ABC):
+
+class Trigger(str, enum.Enum):
+    """A kind of device event that can change what a check finds (``audit watch``)."""
+
+    #: Any PCI event: hot-plug, driver bind or unbind, ``udevadm trigger``.
+    PCI = "pci"
+    #: A GPU driver module loaded or unloaded, or a GPU bound to or unbound from it.
+    GPU_MODULE = "gpu-module"
+    #: A GPU device node appeared or went away (its major may have moved).
+    GPU_NODE = "gpu-node"
+
+
+# -- options ------------------------------------------------------------------------------
+
+_CHOICES, _MINIMUM, _MAXIMUM, _HELP = "choices", "minimum", "maximum", "help"
+
+
+def option(
+    default: Any,
+    *,
+    help: str = "",
+    choices: Sequence[Any] | None = None,
+    minimum: float | None = None,
+    maximum: float | None = None,
+) -> Any:
+    """Declare one option of a check's ``Options`` dataclass, with what values it takes."""
+    metadata = {_HELP: help, _CHOICES: tuple(choices) if choices is not None else None,
+                _MINIMUM: minimum, _MAXIMUM: maximum}
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One option as the policy and ``audit explain`` see it."""
+
+    name: str
+    type: type
+    default: Any
+    help: str = ""
+    choices: tuple[Any, ...] | None = None
+    minimum: float | None = None
+    maximum: float | None = None
+
+    def allowed(self) -> str:
+        """Return the values the option takes, in words."""
+        if self.choices is not None:
+            return "one of " + ", ".join(str(c) for c in self.choices)
+        kind = _TYPE_WORDS.get(self.type, self.type.__name__)
+        if self.minimum is not None and self.maximum is not None:
+            return f"{kind} from {self.minimum:g} to {self.maximum:g}"
+        if self.minimum is not None:
+            return f"{kind} of at least {self.minimum:g}"
+        if self.maximum is not None:
+            return f"{kind} of at most {self.maximum:g}"
+        return kind
+
+    def coerce(self, value: Any, where: str) -> Any:
+        """Return ``value`` as this option's type, or raise PolicyError naming ``where``."""
+        def wrong() -> PolicyError:
+            return PolicyError(f"{where} must be {self.allowed()}, got {value!r}")
+
+        if self.type is bool:
+            if not isinstance(value, bool):
+                raise wrong()
+        elif self.type is int:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise wrong()
+        elif self.type is float:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise wrong()
+            value = float(value)
+        elif self.type is str:
+            if not isinstance(value, str):
+                raise wrong()
+        elif self.type is tuple:
+            items = [value] if isinstance(value, str) else value
+            if not isinstance(items, (list, tuple)) or not all(isinstance(i, str) for i in items):
+                raise wrong()
+            value = tuple(items)
+        if self.choices is not None and value not in self.choices:
+            raise wrong()
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and (
+            (self.minimum is not None and value < self.minimum)
+            or (self.maximum is not None and value > self.maximum)
+        ):
+            raise wrong()
+        return value
+
+
+_TYPE_WORDS = {bool: "a boolean (true or false)", int: "an integer", float: "a number",
+               str: "a string", tuple: "a list of strings"}
+_TYPES: dict[Any, type] = {"bool": bool, "int": int, "float": float, "str": str,
+                           "tuple[str, ...]": tuple, bool: bool, int: int, float: float,
+                           str: str}
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    """A check's options: a frozen dataclass whose fields are declared with :func:`option`.
+
+    The base class has none. Supported types: ``bool``, ``int``, ``float``, ``str`` and
+    ``tuple[str, ...]``; values are checked against the type, ``choices`` and range
+    when a policy is loaded, so ``evaluate`` reads typed, valid values.
+    """
+
+    @classmethod
+    def specs(cls) -> dict[str, OptionSpec]:
+        """Return each option's name, type, default and allowed values."""
+        hints = typing.get_type_hints(cls)
+        found: dict[str, OptionSpec] = {}
+        for item in dataclasses.fields(cls):
+            annotation = hints.get(item.name, item.type)
+            kind = _TYPES.get(annotation) or _TYPES.get(str(annotation).replace("typing.", ""))
+            if kind is None and typing.get_origin(annotation) is tuple:
+                kind = tuple
+            if kind is None:
+                raise TypeError(f"{cls.__qualname__}.{item.name}: unsupported option type "
+                                f"{annotation!r}")
+            meta = item.metadata
+            found[item.name] = OptionSpec(
+                name=item.name, type=kind, default=item.default, help=meta.get(_HELP, ""),
+                choices=meta.get(_CHOICES), minimum=meta.get(_MINIMUM),
+                maximum=meta.get(_MAXIMUM),
+            )
+        return found
+
+    @classmethod
+    def build(cls, values: Mapping[str, Any], source: str, check_id: str) -> CheckOptions:
+        """Return the options with ``values`` laid over the defaults, each one validated."""
+        specs = cls.specs()
+        typed: dict[str, Any] = {}
+        for key, value in values.items():
+            spec = specs.get(key)
+            if spec is None:
+                known = ", ".join(sorted(specs)) or "none"
+                raise PolicyError(f"{source}: {check_id} has no option {key!r} (options: {known})")
+            typed[key] = spec.coerce(value, f"{source}: {check_id}.{key}")
+        built = cls(**typed)
+        built.validate(f"{source}: {check_id}")
+        return built
+
+    def validate(self, where: str) -> None:
+        """Raise PolicyError when options are valid one by one but not together."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the values by option name."""
+        return {item.name: getattr(self, item.name) for item in dataclasses.fields(self)}
+
+
+OptionsT = TypeVar("OptionsT", bound=CheckOptions)
+
+
+# -- the check ----------------------------------------------------------------------------
+
+
+class Check(ABC, Generic[OptionsT]):
     """One check agent: reads a host through the seam and yields findings.
 
     The first line of a subclass's docstring is its one-line summary.
@@ -27,21 +198,44 @@ class Check(ABC):
     rationale: ClassVar[str]
     #: How it is fixed (``audit explain``).
     remedy: ClassVar[str]
-    #: Tunable thresholds with their default values; a policy file overrides them.
-    defaults: ClassVar[Mapping[str, Any]] = {}
-    tags: ClassVar[tuple[str, ...]] = ()
+    #: The options dataclass; a policy file overrides its defaults.
+    options_type: ClassVar[type[CheckOptions]] = CheckOptions
+    #: Option values per built-in profile (``latency``, ``throughput``) where they differ
+    #: from the defaults, which are the ``gpu-inference`` profile's.
+    profiles: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
+    #: Paths ``remediate`` reads beyond ``reads`` (the collector fetches them for a fix).
+    fix_reads: ClassVar[tuple[str, ...]] = ()
+    #: Device events that re-run the check under ``audit watch``.
+    events: ClassVar[frozenset[Trigger]] = frozenset()
 
-    def __init__(self, options: Mapping[str, Any] | None = None) -> None:
-        self.options: dict[str, Any] = {**self.defaults, **(options or {})}
+    def __init__(self, options: OptionsT | None = None) -> None:
+        chosen = options if options is not None else self.options_type()
+        self.options: OptionsT = cast(OptionsT, chosen)
+
+    @classmethod
+    def configured(cls, **values: Any) -> Check[Any]:
+        """Return the check with these option values laid over its defaults, validated."""
+        return cls(cast(OptionsT, cls.options_type.build(values, "options", cls.id)))
 
     @classmethod
     def summary(cls) -> str:
         """Return the first line of the check's docstring."""
         return (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
 
+    @classmethod
+    def fixable(cls) -> bool:
+        """Return whether the check declares a remediation."""
+        return cls.remediate is not Check.remediate
+
     @abstractmethod
     def evaluate(self, host: Host) -> Iterable[Finding]:
         """Yield the findings for ``host``; at least one, a skip when nothing can be judged."""
+
+    def remediate(
+        self, host: Host, findings: Sequence[Finding], context: FixContext
+    ) -> Sequence[Remedy]:
+        """Return the remedies for this check's problem findings (only fixable checks)."""
+        raise NotImplementedError(f"{self.id} has no remediation")
 
     # -- finding factories: the runner stamps the host ----------------------------------
 
@@ -85,3 +279,7 @@ class Check(ABC):
     def skipped(self, subject: str, reason: str, **kw: Any) -> Finding:
         """Build a ``skip`` finding: the check cannot judge, and says why."""
         return self.finding(Status.SKIP, subject, reason, **kw)
+
+
+#: A check class whatever its options.
+CheckClass = type[Check[Any]]

@@ -1,4 +1,9 @@
-"""One exception tree; only the CLI turns these into messages and exit codes."""
+"""One exception tree; only the CLI turns these into messages and exit codes.
+
+Each error's message is one line that names what was wrong (a file, a host, an
+option). The exit code each class maps to is the CLI's table
+(:data:`auditor.cli.options.EXIT_CODES`), not an attribute here.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +11,9 @@ from __future__ import annotations
 class AuditorError(Exception):
     """Base of every error host-auditor raises on purpose."""
 
-    exit_code = 3
-
 
 class UsageError(AuditorError):
     """The command line or an input file named something that does not exist or is malformed."""
-
-    exit_code = 2
 
 
 class PolicyError(UsageError):
@@ -21,6 +22,10 @@ class PolicyError(UsageError):
 
 class SnapshotError(UsageError):
     """A sysroot directory or capture cannot be read."""
+
+
+class RegistryError(UsageError):
+    """A registered check class does not declare what the registry needs."""
 
 
 class HostUnreachable(AuditorError):
@@ -33,3 +38,7 @@ class HostKeyRejected(AuditorError):
 
 class AuthenticationFailed(AuditorError):
     """A remote host refused every credential offered."""
+
+
+class CollectError(HostUnreachable):
+    """A remote collection answered with something that is not a collection."""

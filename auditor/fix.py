@@ -1,11 +1,10 @@
-"""The tuner: findings -> a fix plan -> a fix script and its rollback -> applied -> re-audited.
+"""The tuner's plan: findings -> remedies -> one plan of steps, as values.
 
-``build_fix`` asks each check's remediation (``remediations/``) for remedies,
-reading more of the host through the Host seam where it needs to; the plan is
-rendered through ``templates/fix.sh.j2`` and ``templates/rollback.sh.j2`` in
-the shell environment, where every value is quoted. Nothing changes the host
-here: ``apply`` hands the rendered script to a callable that runs it (a local
-``bash``, or an upload and ``sudo bash`` on a remote host).
+:func:`build_fix` asks each fixable check (``Check.remediate``) for remedies,
+reading more of the host through the Host seam where it needs to, merges the
+boot command line edits into one, and returns a :class:`FixPlan`. Nothing here
+prints, prompts or runs anything: :mod:`auditor.render` turns a plan into the
+fix and rollback scripts, and a host that can run them does (``Host.run_script``).
 """
 
 from __future__ import annotations
@@ -13,47 +12,24 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import hashlib
-import os
-import shlex
-import subprocess
-import sys
-import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from auditor.errors import AuditorError, UsageError
+from auditor.check import CheckClass
+from auditor.errors import UsageError
 from auditor.hosts.base import Host
-from auditor.model import Finding, Report, Status
+from auditor.model import FIXABLE, Finding, Report
 from auditor.policy import Policy
-from remediations import remediation_reads, remediations
-from remediations.base import (
-    AppendLine,
-    Context,
-    InsertLine,
+from auditor.remediations.boot import boot_remedy
+from auditor.remediations.steps import (
+    FixContext,
     MakeSymlink,
     Remedy,
-    ReplaceLine,
     RunCommand,
-    SetValue,
     Step,
-    WriteFile,
     parse_os_release,
 )
-from remediations.boot import boot_remedy
-
-#: Paths remediations read beyond the checks' own ``reads``: a remote collector
-#: fetches these too, so ``build_fix`` sees the same files over SSH.
-REMEDIATION_READS: tuple[str, ...] = remediation_reads()
-
-#: Statuses whose findings get a remedy.
-FIXABLE = (Status.FAIL, Status.WARN)
-
-
-class FixError(AuditorError):
-    """A fix could not be planned or applied."""
-
-    exit_code = 1
 
 
 @dataclass(frozen=True)
@@ -162,24 +138,18 @@ def _clean_remedy(remedy: Remedy) -> Remedy:
 
 
 def _resolve(host: Host, step: Step) -> Step:
+    path = getattr(step, "path", None)
+    if not isinstance(path, str):
+        return step
     try:
         if isinstance(step, MakeSymlink):
-            parent, _, name = step.path.rpartition("/")
+            # The link itself is made, not followed: resolve the directory it goes in.
+            parent, _, name = path.rpartition("/")
             return dataclasses.replace(step, path=host.resolve(parent or "/").rstrip("/")
                                        + "/" + name)
-        if isinstance(step, SetValue):
-            return dataclasses.replace(step, path=host.resolve(step.path))
-        if isinstance(step, WriteFile):
-            return dataclasses.replace(step, path=host.resolve(step.path))
-        if isinstance(step, ReplaceLine):
-            return dataclasses.replace(step, path=host.resolve(step.path))
-        if isinstance(step, AppendLine):
-            return dataclasses.replace(step, path=host.resolve(step.path))
-        if isinstance(step, InsertLine):
-            return dataclasses.replace(step, path=host.resolve(step.path))
+        return dataclasses.replace(step, path=host.resolve(path))  # type: ignore[arg-type]
     except OSError:
-        pass
-    return step
+        return step
 
 
 def _resolved(host: Host, remedy: Remedy) -> Remedy:
@@ -199,18 +169,18 @@ def _first_line(text: str | None) -> str:
 def _sysroot_dir(host: Host) -> str:
     if host.kind != "sysroot":
         return ""
-    root = getattr(host, "root", None)
-    if not isinstance(root, str):
+    if host.root is None:
         raise UsageError(
             f"{host.target}: a fix script needs a sysroot directory; unpack the capture "
             "(tar -xzf) and pass the directory to --root"
         )
-    return root
+    return host.root
 
 
 def build_fix(
     host: Host,
     report: Report,
+    checks: Sequence[CheckClass],
     policy: Policy,
     *,
     now: dt.datetime | None = None,
@@ -226,21 +196,21 @@ def build_fix(
         hostname = _first_line(host.read_optional("/proc/sys/kernel/hostname")
                                or host.read_optional("/etc/hostname")) or host.name
     machine_id = _first_line(host.read_optional("/etc/machine-id"))
-    table = remediations()
+    fixable = {c.id: c for c in checks if c.fixable()}
     problems: dict[str, list[Finding]] = {}
     unhandled: list[tuple[Finding, str]] = []
     for finding in report.findings:
         if finding.status not in FIXABLE:
             continue
-        if finding.check in table:
+        if finding.check in fixable:
             problems.setdefault(finding.check, []).append(finding)
         else:
             unhandled.append((finding, "no remediation for this check"))
     remedies: list[Remedy] = []
+    context = FixContext(sysroot=bool(root), os_release=os_release)
     for check_id, findings in problems.items():
-        context = Context(sysroot=bool(root), options=dict(policy.options.get(check_id, {})),
-                          os_release=os_release)
-        remedies.extend(table[check_id](host, findings, context))
+        check = fixable[check_id]
+        remedies.extend(check(policy.options_for(check)).remediate(host, findings, context))
     params = [p for r in remedies for p in r.boot_params]
     if params:
         remedies.append(boot_remedy(host, params, os_release))
@@ -278,182 +248,3 @@ def build_fix(
         sections=tuple(sections),
         unhandled=tuple(unhandled),
     )
-
-
-def _render(template: str, plan: FixPlan, **extra: Any) -> str:
-    from auditor.render import make_environment
-
-    env = make_environment("shell")
-    return env.get_template(template).render(plan=plan, **extra)
-
-
-def render_rollback_script(plan: FixPlan) -> str:
-    """Render the bash script that undoes what the fix script changed, from its saved state."""
-    return _render("rollback.sh.j2", plan)
-
-
-def render_fix_script(plan: FixPlan) -> str:
-    """Render the bash script that applies the plan (it keeps its rollback on the host too)."""
-    return _render("fix.sh.j2", plan, rollback_text=render_rollback_script(plan))
-
-
-def default_rollback_path(fix_script: str) -> str:
-    """Return where the rollback goes beside a fix script: ``fix.sh`` -> ``fix.rollback.sh``."""
-    base, ext = os.path.splitext(fix_script)
-    return f"{base}.rollback{ext or '.sh'}"
-
-
-@dataclass(frozen=True)
-class ScriptResult:
-    """What running a script returned."""
-
-    returncode: int
-    output: str
-
-
-@dataclass(frozen=True)
-class ApplyResult:
-    """The script's outcome and the audits before and after it."""
-
-    script: ScriptResult
-    before: Report
-    after: Report
-
-
-def run_local_script(script: str) -> ScriptResult:
-    """Run a script with this machine's bash, echoing its output; return code and output."""
-    with tempfile.NamedTemporaryFile("w", suffix=".sh", prefix="host-auditor-fix-",
-                                     delete=False, encoding="utf-8") as handle:
-        handle.write(script)
-        path = handle.name
-    try:
-        proc = subprocess.run(["bash", path], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, check=False)
-    finally:
-        os.unlink(path)
-    return ScriptResult(proc.returncode, proc.stdout)
-
-
-def apply(
-    plan: FixPlan,
-    before: Report,
-    execute: Callable[[str], ScriptResult],
-    reaudit: Callable[[], Report],
-) -> ApplyResult:
-    """Run the plan's fix script through ``execute``, then audit again."""
-    result = execute(render_fix_script(plan))
-    return ApplyResult(result, before, reaudit())
-
-
-def compare(before: Report, after: Report) -> str:
-    """Return each check's worst status before and after, naming subjects still at fault."""
-    from auditor.model import worst
-
-    checks = list(dict.fromkeys([r.check for r in before.results]
-                                + [r.check for r in after.results]))
-    if not checks:
-        return "before -> after: no checks ran\n"
-    width = max(len(c) for c in checks)
-    lines = ["before -> after:"]
-    for check in checks:
-        was = worst(f.status for f in before.findings if f.check == check).value
-        now_findings = [f for f in after.findings if f.check == check]
-        now = worst(f.status for f in now_findings).value
-        left = [f.subject for f in now_findings if f.status in (*FIXABLE, Status.ERROR)]
-        still = f"  ({', '.join(left)})" if left else ""
-        lines.append(f"  {check.ljust(width)}  {was:>5} -> {now}{still}")
-    return "\n".join(lines) + "\n"
-
-
-def _write(path: str, text: str, executable: bool = True) -> None:
-    try:
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        if executable:
-            os.chmod(path, 0o755)  # noqa: S103 - a script the operator runs
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot write script ({exc.strerror})") from exc
-
-
-@dataclass(frozen=True)
-class LocalFixRequest:
-    """What ``audit local`` was asked to do with the findings."""
-
-    root: str | None = None
-    fix_script: str | None = None
-    rollback_script: str | None = None
-    apply: bool = False
-    yes: bool = False
-
-
-def fix_local(
-    host: Host,
-    report: Report,
-    checks: Sequence[Any],
-    policy: Policy,
-    request: LocalFixRequest,
-    *,
-    reopen: Callable[[], Host],
-    debug: bool = False,
-    execute: Callable[[str], ScriptResult] = run_local_script,
-    where: str | None = None,
-    remote: bool = False,
-) -> tuple[Report, int]:
-    """Write and/or apply the fix for one host; return the report to show and an exit code.
-
-    ``execute`` runs the fix script where the host is (this machine's bash by default;
-    ``audit host`` passes one that uploads it and runs it with sudo, and ``remote``).
-
-    The exit code is 1 when the fix script failed or was refused, else 0.
-    """
-    from auditor.runner import audit
-
-    plan = build_fix(host, report, policy)
-    fix_text = render_fix_script(plan)
-    rollback_text = render_rollback_script(plan)
-    rollback_path = request.rollback_script or (
-        default_rollback_path(request.fix_script) if request.fix_script else None
-    )
-    if request.fix_script:
-        _write(request.fix_script, fix_text)
-    if rollback_path:
-        _write(rollback_path, rollback_text)
-    where = where or plan.root or "this machine"
-    print(plan.summary(), file=sys.stderr)
-    if request.fix_script or rollback_path:
-        names = " and ".join(p for p in (request.fix_script, rollback_path) if p)
-        print(f"wrote {names}", file=sys.stderr)
-    if not request.apply:
-        print("dry run: nothing changed (run the script, or pass --apply)", file=sys.stderr)
-        return report, 0
-    if not plan.actions:
-        print("nothing to apply", file=sys.stderr)
-        return report, 0
-    if not request.yes:
-        if not sys.stdin.isatty():
-            raise UsageError("--apply changes the host: confirm with --yes when not on a terminal")
-        answer = input(f"apply {len(plan.actions)} step(s) to {where}? [y/N] ")
-        if answer.strip().lower() not in ("y", "yes"):
-            print("not applied", file=sys.stderr)
-            return report, 1
-
-    def reaudit() -> Report:
-        with reopen() as fresh:
-            return audit(fresh, checks, policy, debug=debug)
-
-    result = apply(plan, report, execute, reaudit)
-    sys.stderr.write(result.script.output)
-    print(compare(result.before, result.after), end="", file=sys.stderr)
-    if result.script.returncode != 0:
-        print(f"audit: error: the fix script exited {result.script.returncode}",
-              file=sys.stderr)
-        return result.after, 1
-    kept = f"{plan.root}/var/lib/host-auditor/{plan.fix_id}/rollback.sh"
-    if remote:
-        # The rollback runs where the fix ran; the fix keeps a copy of it there.
-        print(f"undo on {where} with: sudo bash {shlex.quote(kept)}"
-              + (f" (the same script as {rollback_path})" if rollback_path else ""),
-              file=sys.stderr)
-    else:
-        print(f"undo with: bash {shlex.quote(rollback_path or kept)}", file=sys.stderr)
-    return result.after, 0

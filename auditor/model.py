@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import enum
+import hashlib
+import json
+import operator
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 
 class Status(str, enum.Enum):
-    """The verdict of one finding, ordered from best to worst by ``rank``."""
+    """The verdict of one finding, declared from best to worst (``order``)."""
 
     PASS = "pass"  # noqa: S105 - a status, not a secret
     SKIP = "skip"
@@ -18,11 +21,31 @@ class Status(str, enum.Enum):
     ERROR = "error"
 
     @property
+    def order(self) -> int:
+        """Return the place from best (0, pass) to worst (4, error): sorting and roll-ups."""
+        return _ORDER[self]
+
+    @property
     def rank(self) -> int:
-        return _STATUS_RANK[self]
+        """Return how bad the status is for ``--fail-on``: 0 pass and skip, 1 warn, 2 fail
+        and error."""
+        return _RANK[self]
 
 
-_STATUS_RANK = {Status.PASS: 0, Status.SKIP: 0, Status.WARN: 1, Status.FAIL: 2, Status.ERROR: 2}
+_ORDER = {status: index for index, status in enumerate(Status)}
+_RANK = {Status.PASS: 0, Status.SKIP: 0, Status.WARN: 1, Status.FAIL: 2, Status.ERROR: 2}
+#: Statuses whose findings get a remedy.
+FIXABLE = (Status.FAIL, Status.WARN)
+#: Statuses of findings that are a problem (shown, counted as such).
+PROBLEMS = (Status.WARN, Status.FAIL, Status.ERROR)
+
+
+def count_by_status(statuses: Iterable[Status]) -> dict[str, int]:
+    """Count statuses, every status present (zero where none)."""
+    counts = {s.value: 0 for s in Status}
+    for status in statuses:
+        counts[status.value] += 1
+    return counts
 
 
 class Severity(str, enum.Enum):
@@ -79,7 +102,16 @@ class Finding:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Finding:
-        """Build a finding from its JSON form."""
+        """Build a finding from its JSON form; raise ValueError/KeyError/TypeError if it is not one.
+
+        A merge reads hundreds of thousands of findings: the common case (every field a
+        string, evidence a table of strings) skips the per-field conversions and the
+        frozen dataclass's ``__init__``.
+        """
+        if type(data) is dict:
+            fast = _fast_finding(data)
+            if fast is not None:
+                return fast
         evidence = data.get("evidence") or {}
         return cls(
             check=str(data["check"]),
@@ -93,6 +125,36 @@ class Finding:
             fix=str(data.get("fix", "")),
             evidence=tuple((str(k), str(v)) for k, v in dict(evidence).items()),
         )
+
+
+_STATUSES = {s.value: s for s in Status}
+_SEVERITIES = {s.value: s for s in Severity}
+_TEXT_FIELDS = ("check", "host", "subject", "observed", "expected", "message", "fix")
+_STR = frozenset({str})
+_text_fields = operator.itemgetter(*_TEXT_FIELDS)
+
+
+def _fast_finding(data: dict[str, Any]) -> Finding | None:
+    """Build a finding from what ``audit`` writes, or None for anything else."""
+    evidence = data.get("evidence") or {}
+    status_text, severity_text = data.get("status"), data.get("severity", "info")
+    status = _STATUSES.get(status_text) if type(status_text) is str else None
+    severity = _SEVERITIES.get(severity_text) if type(severity_text) is str else None
+    try:
+        values = _text_fields(data)
+    except KeyError:  # not written by audit: some field left out
+        values = [data.get(key, "") for key in _TEXT_FIELDS]
+    if (
+        status is not None and severity is not None and type(evidence) is dict
+        and "check" in data and set(map(type, values)) <= _STR
+        and set(map(type, evidence)) <= _STR and set(map(type, evidence.values())) <= _STR
+    ):
+        finding = object.__new__(Finding)
+        fields = dict(zip(_TEXT_FIELDS, values, strict=True))
+        fields.update(status=status, severity=severity, evidence=tuple(evidence.items()))
+        finding.__dict__.update(fields)
+        return finding
+    return None
 
 
 @dataclass(frozen=True)
@@ -111,12 +173,7 @@ class CheckResult:
 
 def worst(statuses: Iterable[Status]) -> Status:
     """Return the worst of the statuses (PASS when there are none)."""
-    result = Status.PASS
-    order = [Status.PASS, Status.SKIP, Status.WARN, Status.FAIL, Status.ERROR]
-    for status in statuses:
-        if order.index(status) > order.index(result):
-            result = status
-    return result
+    return max(statuses, key=_ORDER.__getitem__, default=Status.PASS)
 
 
 @dataclass(frozen=True)
@@ -137,10 +194,7 @@ class Report:
 
     def summary(self) -> dict[str, int]:
         """Count the findings by status."""
-        counts = {s.value: 0 for s in Status}
-        for finding in self.findings:
-            counts[finding.status.value] += 1
-        return counts
+        return count_by_status(f.status for f in self.findings)
 
     @property
     def status(self) -> Status:
@@ -174,25 +228,68 @@ class Report:
         return data
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Report:
-        """Build a report from its JSON form."""
-        findings = [Finding.from_dict(f) for f in data.get("findings", [])]
-        durations = {c["check"]: float(c.get("duration_s", 0.0)) for c in data.get("checks", [])}
-        order = list(durations) + [f.check for f in findings if f.check not in durations]
-        results = tuple(
-            CheckResult(
-                check=check,
-                duration_s=durations.get(check, 0.0),
-                findings=tuple(f for f in findings if f.check == check),
+    def from_dict(cls, data: Any) -> Report:
+        """Build a report from its JSON form; raise ValueError (one line) if it is not one."""
+        if not isinstance(data, Mapping) or not isinstance(data.get("host"), str):
+            raise ValueError("not an audit report (no host name)")
+        findings_data = data.get("findings", [])
+        checks_data = data.get("checks", [])
+        if not isinstance(findings_data, list) or not isinstance(checks_data, list):
+            raise ValueError("not an audit report (findings or checks is not a list)")
+        try:
+            findings = [Finding.from_dict(f) for f in findings_data]
+            durations = {str(c["check"]): float(c.get("duration_s", 0.0)) for c in checks_data}
+            grouped: dict[str, list[Finding]] = {check: [] for check in durations}
+            for finding in findings:
+                grouped.setdefault(finding.check, []).append(finding)
+            return cls(
+                host=data["host"],
+                target=str(data.get("target", data["host"])),
+                started=str(data.get("started", "")),
+                duration_s=float(data.get("duration_s", 0.0)),
+                results=tuple(
+                    CheckResult(check, durations.get(check, 0.0), tuple(items))
+                    for check, items in grouped.items()
+                ),
+                facts=tuple((str(k), str(v)) for k, v in dict(data.get("facts") or {}).items()),
+                error=str(data.get("error", "")),
             )
-            for check in dict.fromkeys(order)
-        )
-        return cls(
-            host=str(data["host"]),
-            target=str(data.get("target", data["host"])),
-            started=str(data.get("started", "")),
-            duration_s=float(data.get("duration_s", 0.0)),
-            results=results,
-            facts=tuple((str(k), str(v)) for k, v in dict(data.get("facts") or {}).items()),
-            error=str(data.get("error", "")),
-        )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"not an audit report ({type(exc).__name__}: {exc})") from exc
+
+
+# -- the tuned state's fingerprint ------------------------------------------------------
+
+#: Bump when the fingerprint's inputs change, so old and new stamps never collide.
+FINGERPRINT_VERSION = 1
+FINGERPRINT_LENGTH = 12
+
+
+def raw_status(finding: Finding) -> Status:
+    """Return the status the host really has: a waiver is policy, not tuning."""
+    if finding.status is not Status.PASS or not finding.evidence:
+        return finding.status
+    waived = dict(finding.evidence).get("waived")
+    try:
+        return Status(waived) if waived else finding.status
+    except ValueError:
+        return finding.status
+
+
+def fingerprint_inputs(report: Report) -> dict[str, Any]:
+    """Return what defines a host's tuned state: check ids, subjects, statuses, observed."""
+    findings = sorted(
+        {(f.check, f.subject, raw_status(f).value, f.observed) for f in report.findings}
+    )
+    return {
+        "version": FINGERPRINT_VERSION,
+        "checks": sorted({r.check for r in report.results}),
+        "findings": [list(item) for item in findings],
+    }
+
+
+def fingerprint(report: Report) -> str:
+    """Return a short, stable hex digest of the host's tuned state (no times, no host name)."""
+    canonical = json.dumps(fingerprint_inputs(report), sort_keys=True, separators=(",", ":"),
+                           ensure_ascii=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:FINGERPRINT_LENGTH]

@@ -8,41 +8,24 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from auditor.check import Check
+from auditor import registry
+from auditor.check import CheckClass, CheckOptions
 from auditor.errors import PolicyError
 from auditor.model import Finding, Status
 
-DEFAULT_PROFILE = "gpu-inference"
-
-#: Built-in profiles: per check id, option values laid over the checks' defaults. They
-#: name only the option keys the checks define (a test holds them to it); a profile
-#: entry for a check that is not registered is left out.
+#: Built-in profiles; each check declares its option values for the profiles where they
+#: differ from its defaults (``Check.profiles``), which are ``gpu-inference``'s:
 #:
 #: - ``gpu-inference`` (default): a GPU serving host. Keep C-states to C1/C1E (an exit
 #:   of at most 20 us), the ``performance`` governor and 4096-byte PCIe reads for the
-#:   host-to-device copies; the kernel minimum stays kernel.version's own.
+#:   host-to-device copies.
 #: - ``latency``: interactive, small-batch serving where a token's tail latency counts:
 #:   only C1 (exit of at most 2 us) may be entered, the rest as above.
 #: - ``throughput``: offline, large-batch work where bandwidth counts and a C-state
 #:   wake-up hides behind long kernels: states up to 50 us exit (C6 on most servers
-#:   stays off, deeper package states too), ``performance`` governor, 4096-byte reads.
-PROFILES: dict[str, dict[str, dict[str, Any]]] = {
-    "gpu-inference": {
-        "cpu.cstates": {"max_exit_latency_us": 20},
-        "cpu.governor": {"governor": "performance"},
-        "pcie.mrrs": {"min_read_request_bytes": 4096},
-    },
-    "latency": {
-        "cpu.cstates": {"max_exit_latency_us": 2},
-        "cpu.governor": {"governor": "performance"},
-        "pcie.mrrs": {"min_read_request_bytes": 4096},
-    },
-    "throughput": {
-        "cpu.cstates": {"max_exit_latency_us": 50},
-        "cpu.governor": {"governor": "performance"},
-        "pcie.mrrs": {"min_read_request_bytes": 4096},
-    },
-}
+#:   stays off, deeper package states too), the rest as above.
+PROFILES = registry.PROFILES
+DEFAULT_PROFILE = registry.DEFAULT_PROFILE
 
 
 @dataclass(frozen=True)
@@ -76,12 +59,14 @@ class Policy:
     """The options every check runs with, and the waivers applied to its findings."""
 
     profile: str = DEFAULT_PROFILE
-    options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: Each check's validated options, by check id (a check not named runs its defaults).
+    options: Mapping[str, CheckOptions] = field(default_factory=dict)
     waivers: tuple[Waiver, ...] = ()
 
-    def options_for(self, check: type[Check]) -> dict[str, Any]:
-        """Return the check's defaults overlaid with this policy's values."""
-        return {**check.defaults, **self.options.get(check.id, {})}
+    def options_for(self, check: CheckClass) -> CheckOptions:
+        """Return the check's options under this policy (its defaults if it names none)."""
+        found = self.options.get(check.id)
+        return found if found is not None else check.options_type()
 
     def apply_waivers(self, finding: Finding, today: dt.date | None = None) -> Finding:
         """Return the finding waived by the first live waiver that matches, else unchanged.
@@ -119,44 +104,8 @@ class Policy:
         return finding
 
 
-def _type_name(value: Any) -> str:
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
-            list: "a list", tuple: "a list"}.get(type(value), type(value).__name__)
-
-
-def _coerce(source: str, where: str, default: Any, value: Any) -> Any:
-    """Return ``value`` in the type of ``default``, or raise PolicyError."""
-    def wrong() -> PolicyError:
-        return PolicyError(f"{source}: {where} must be {_type_name(default)}, got {value!r}")
-
-    if default is None:  # no default: any scalar a TOML file can hold
-        if isinstance(value, (str, int, float, bool)):
-            return value
-        raise wrong()
-    if isinstance(default, bool) or isinstance(value, bool):
-        if isinstance(default, bool) and isinstance(value, bool):
-            return value
-        raise wrong()
-    if isinstance(default, float):
-        if isinstance(value, (int, float)):
-            return float(value)
-        raise wrong()
-    if isinstance(default, (list, tuple)):
-        items = [value] if isinstance(value, str) else value
-        if not isinstance(items, (list, tuple)):
-            raise wrong()
-        kinds = {type(item) for item in default}
-        if kinds and any(type(item) not in kinds for item in items):
-            raise wrong()
-        return type(default)(items)
-    if isinstance(value, type(default)):
-        return value
-    raise wrong()
-
-
-def _check_values(
-    source: str, check_id: Any, values: Any, checks: Mapping[str, type[Check]]
-) -> dict[str, Any]:
+def _check_table(source: str, check_id: Any, values: Any,
+                 checks: Mapping[str, CheckClass]) -> Mapping[str, Any]:
     if not isinstance(check_id, str) or check_id not in checks:
         hint = ""
         if isinstance(values, Mapping) and isinstance(check_id, str) and any(
@@ -166,17 +115,10 @@ def _check_values(
         raise PolicyError(f"{source}: unknown check id {check_id!r}{hint}")
     if not isinstance(values, Mapping):
         raise PolicyError(f"{source}: [checks.{check_id!r}] must be a table")
-    defaults = checks[check_id].defaults
-    result: dict[str, Any] = {}
-    for key, value in values.items():
-        if key not in defaults:
-            known = ", ".join(sorted(defaults)) or "none"
-            raise PolicyError(f"{source}: {check_id} has no option {key!r} (options: {known})")
-        result[key] = _coerce(source, f"{check_id}.{key}", defaults[key], value)
-    return result
+    return values
 
 
-def _waiver(source: str, index: int, data: Any, checks: Mapping[str, type[Check]]) -> Waiver:
+def _waiver(source: str, index: int, data: Any, checks: Mapping[str, CheckClass]) -> Waiver:
     where = f"{source}: waivers[{index}]"
     if not isinstance(data, Mapping):
         raise PolicyError(f"{where} must be a table")
@@ -213,7 +155,7 @@ def _waiver(source: str, index: int, data: Any, checks: Mapping[str, type[Check]
 
 
 def load_policy(
-    checks: Sequence[type[Check]], path: str | None = None, profile: str | None = None
+    checks: Sequence[CheckClass], path: str | None = None, profile: str | None = None
 ) -> Policy:
     """Build the policy from a profile name and an optional TOML file (the file wins)."""
     by_id = {c.id: c for c in checks}
@@ -238,16 +180,22 @@ def load_policy(
     name = profile or data.get("profile") or DEFAULT_PROFILE
     if not isinstance(name, str) or name not in PROFILES:
         raise PolicyError(f"unknown profile {name!r} (profiles: {', '.join(PROFILES)})")
-    options: dict[str, dict[str, Any]] = {}
-    for check_id, values in PROFILES[name].items():
-        if check_id in by_id:
-            options[check_id] = _check_values(f"profile {name}", check_id, values, by_id)
     source = path or "policy"
     table = data.get("checks", {})
     if not isinstance(table, Mapping):
         raise PolicyError(f"{source}: [checks] must be a table")
-    for check_id, values in table.items():
-        options.setdefault(check_id, {}).update(_check_values(source, check_id, values, by_id))
+    overrides = {check_id: _check_table(source, check_id, values, by_id)
+                 for check_id, values in table.items()}
+    options: dict[str, CheckOptions] = {}
+    for check in checks:
+        profile_values = check.profiles.get(name, {})
+        file_values = overrides.get(check.id, {})
+        if not profile_values and not file_values:
+            continue
+        # Profile values were validated when the check was registered: an error here
+        # is the file's.
+        options[check.id] = check.options_type.build({**profile_values, **file_values},
+                                                     source, check.id)
     raw_waivers = data.get("waivers", [])
     if not isinstance(raw_waivers, list):
         raise PolicyError(f"{source}: waivers must be an array of tables ([[waivers]])")

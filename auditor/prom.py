@@ -11,16 +11,10 @@ import datetime as dt
 import re
 from collections.abc import Sequence
 
-from auditor.model import Report, Status
+from auditor.model import Report, Status, fingerprint
 
-#: Status codes of ``host_auditor_check_status``: higher is worse.
-STATUS_CODES = {
-    Status.PASS: 0,
-    Status.SKIP: 1,
-    Status.WARN: 2,
-    Status.FAIL: 3,
-    Status.ERROR: 4,
-}
+#: Status codes of ``host_auditor_check_status``: higher is worse (``Status.order``).
+STATUS_CODES = {status: status.order for status in Status}
 _SURROGATES = re.compile("[\ud800-\udfff]")
 
 
@@ -43,8 +37,6 @@ def _timestamp(started: str) -> float | None:
 
 def render_prometheus(reports: Sequence[Report]) -> str:
     """Render reports as gauges: one per finding, one per check, counts and run facts."""
-    from auditor.fleet import fingerprint
-
     codes = ", ".join(f"{code} {status.value}" for status, code in STATUS_CODES.items())
     finding_lines: list[str] = []
     check_lines: list[str] = []

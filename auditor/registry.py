@@ -1,73 +1,146 @@
-"""The check registry: built-ins from an explicit list, plug-ins from an entry-point group."""
+"""The check registry: every check, built-in or plug-in, from one entry-point group.
+
+host-auditor registers its own checks in the ``host_auditor.checks`` group, as any
+other distribution registers a plug-in (flake8 loads its built-ins the same way).
+Each check class is validated when it is loaded; what the rest of the program needs
+to know about the checks (which can be fixed, which paths a fix reads, which device
+events re-run which checks) is derived here from the classes' declarations.
+"""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
-from auditor.check import Check
-from auditor.errors import AuditorError, UsageError
+from auditor.check import Check, CheckClass, CheckOptions, Trigger
+from auditor.errors import PolicyError, RegistryError, UsageError
 from auditor.model import Severity
 
 ENTRY_POINT_GROUP = "host_auditor.checks"
+#: The distribution whose checks are the built-ins (listed before plug-ins).
+DISTRIBUTION = "host-auditor"
+#: Profiles a check may set option values for; the defaults are ``gpu-inference``'s.
+PROFILES = ("gpu-inference", "latency", "throughput")
+DEFAULT_PROFILE = PROFILES[0]
 _ID_PATTERN = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")
 
 
-class RegistryError(AuditorError):
-    """A check class does not declare what the registry needs."""
+def _validate_one(cls: Any, name: str) -> None:
+    check_id = getattr(cls, "id", None)
+    if not isinstance(check_id, str) or not _ID_PATTERN.match(check_id):
+        raise RegistryError(f"{name}: id {check_id!r} is not of the form area.name")
+    if not (cls.__doc__ or "").strip():
+        raise RegistryError(f"{name}: a check needs a docstring")
+    if not isinstance(getattr(cls, "severity", None), Severity):
+        raise RegistryError(f"{name}: severity must be a Severity")
+    reads = getattr(cls, "reads", None)
+    if not isinstance(reads, tuple) or not reads or not all(
+        isinstance(r, str) and r.startswith("/") for r in reads
+    ):
+        raise RegistryError(f"{name}: reads must be a tuple of absolute path patterns")
+    fix_reads = getattr(cls, "fix_reads", ())
+    if not isinstance(fix_reads, tuple) or not all(
+        isinstance(r, str) and r.startswith("/") for r in fix_reads
+    ):
+        raise RegistryError(f"{name}: fix_reads must be a tuple of absolute path patterns")
+    if fix_reads and not cls.fixable():
+        raise RegistryError(f"{name}: declares fix_reads but no remediate()")
+    for attr in ("rationale", "remedy"):
+        if not isinstance(getattr(cls, attr, None), str):
+            raise RegistryError(f"{name}: {attr} must be declared")
+    events: object = getattr(cls, "events", frozenset())
+    if not isinstance(events, frozenset) or not all(isinstance(e, Trigger) for e in events):
+        raise RegistryError(f"{name}: events must be a frozenset of Trigger")
+    options_type = getattr(cls, "options_type", None)
+    if not (isinstance(options_type, type) and issubclass(options_type, CheckOptions)):
+        raise RegistryError(f"{name}: options_type must be a CheckOptions dataclass")
+    try:
+        options_type.specs()
+    except TypeError as exc:
+        raise RegistryError(f"{name}: {exc}") from exc
+    profiles = getattr(cls, "profiles", {})
+    if not isinstance(profiles, Mapping):
+        raise RegistryError(f"{name}: profiles must map profile names to option values")
+    for profile, values in profiles.items():
+        if profile not in PROFILES:
+            raise RegistryError(f"{name}: profile {profile!r} is not one of "
+                                f"{', '.join(PROFILES)}")
+        try:
+            options_type.build(values, f"profile {profile}", check_id)
+        except PolicyError as exc:
+            raise RegistryError(f"{name}: {exc}") from exc
 
 
-def validate(checks: Iterable[type[Check]]) -> list[type[Check]]:
-    """Validate check classes: id format, unique ids, docstring, severity, reads."""
-    seen: dict[str, type[Check]] = {}
+def validate(checks: Iterable[Any]) -> list[CheckClass]:
+    """Validate check classes: id format, unique ids, docstring, severity, reads, options."""
+    seen: dict[str, CheckClass] = {}
     for cls in checks:
-        name = f"{cls.__module__}.{cls.__qualname__}"
-        check_id = getattr(cls, "id", None)
-        if not isinstance(check_id, str) or not _ID_PATTERN.match(check_id):
-            raise RegistryError(f"{name}: id {check_id!r} is not of the form area.name")
-        if check_id in seen:
-            raise RegistryError(f"{name}: id {check_id!r} is already taken by {seen[check_id]}")
-        if not (cls.__doc__ or "").strip():
-            raise RegistryError(f"{name}: a check needs a docstring")
-        if not isinstance(getattr(cls, "severity", None), Severity):
-            raise RegistryError(f"{name}: severity must be a Severity")
-        reads = getattr(cls, "reads", None)
-        if not isinstance(reads, tuple) or not reads or not all(r.startswith("/") for r in reads):
-            raise RegistryError(f"{name}: reads must be a tuple of absolute path patterns")
-        for attr in ("rationale", "remedy"):
-            if not isinstance(getattr(cls, attr, None), str):
-                raise RegistryError(f"{name}: {attr} must be declared")
-        seen[check_id] = cls
+        name = f"{getattr(cls, '__module__', '?')}.{getattr(cls, '__qualname__', cls)!s}"
+        if not (isinstance(cls, type) and issubclass(cls, Check)):
+            raise RegistryError(f"{name}: not a Check class")
+        _validate_one(cls, name)
+        if cls.id in seen:
+            raise RegistryError(f"{name}: id {cls.id!r} is already taken by {seen[cls.id]}")
+        seen[cls.id] = cls
     return list(seen.values())
 
 
-def _plugin_checks() -> list[type[Check]]:
+def _entry_point_checks() -> list[CheckClass]:
     from importlib.metadata import entry_points
 
-    found: list[type[Check]] = []
+    builtin: list[tuple[str, Any]] = []
+    plugins: list[tuple[str, str, Any]] = []
     for point in entry_points(group=ENTRY_POINT_GROUP):
-        loaded = point.load()
-        items = loaded if isinstance(loaded, (list, tuple)) else [loaded]
-        for item in items:
-            if not (isinstance(item, type) and issubclass(item, Check)):
-                raise RegistryError(f"entry point {point.name}: {item!r} is not a Check class")
-            found.append(item)
+        dist = point.dist.name if point.dist is not None else ""
+        if dist == DISTRIBUTION:
+            builtin.append((point.name, point))
+        else:
+            plugins.append((dist, point.name, point))
+    if not builtin:
+        raise RegistryError(
+            f"no built-in checks are registered: install {DISTRIBUTION} (pip install .) so "
+            f"its {ENTRY_POINT_GROUP} entry points exist"
+        )
+    found: list[CheckClass] = []
+    # Report order: the built-ins by id, then plug-ins by distribution and id.
+    for point in [p for _, p in sorted(builtin, key=lambda item: item[0])] + [
+        p for _, _, p in sorted(plugins, key=lambda item: (item[0], item[1]))
+    ]:
+        try:
+            loaded = point.load()
+        except Exception as exc:
+            raise RegistryError(f"entry point {point.name} ({point.value}) cannot be loaded: "
+                                f"{type(exc).__name__}: {exc}") from exc
+        if not (isinstance(loaded, type) and issubclass(loaded, Check)):
+            raise RegistryError(f"entry point {point.name}: {loaded!r} is not a Check class")
+        if loaded.id != point.name:
+            raise RegistryError(f"entry point {point.name} names check {loaded.id!r}: the entry "
+                                "point's name must be the check's id")
+        found.append(loaded)
     return found
 
 
-def load_checks(plugins: bool = True) -> list[type[Check]]:
-    """Return every registered check class, built-ins first, validated."""
-    from checks import BUILTIN_CHECKS
+_LOADED: list[CheckClass] | None = None
 
-    classes = list(BUILTIN_CHECKS)
-    if plugins:
-        classes.extend(_plugin_checks())
-    return validate(classes)
+
+def load_checks() -> list[CheckClass]:
+    """Return every registered check class, built-ins first, validated (loaded once)."""
+    global _LOADED
+    if _LOADED is None:
+        _LOADED = validate(_entry_point_checks())
+    return list(_LOADED)
+
+
+def reset() -> None:
+    """Forget the loaded checks, so the next load sees newly installed plug-ins."""
+    global _LOADED
+    _LOADED = None
 
 
 def select(
-    checks: Sequence[type[Check]], only: Sequence[str] = (), skip: Sequence[str] = ()
-) -> list[type[Check]]:
+    checks: Sequence[CheckClass], only: Sequence[str] = (), skip: Sequence[str] = ()
+) -> list[CheckClass]:
     """Filter checks by ``--check`` and ``--skip`` ids; an unknown id is a usage error."""
     known = {c.id for c in checks}
     for check_id in [*only, *skip]:
@@ -76,3 +149,45 @@ def select(
                 f"unknown check id {check_id!r} (known: {', '.join(sorted(known))})"
             )
     return [c for c in checks if (not only or c.id in only) and c.id not in skip]
+
+
+# -- what the registry derives --------------------------------------------------------------
+
+
+def fixable(checks: Iterable[CheckClass]) -> list[CheckClass]:
+    """Return the checks that can write a fix."""
+    return [c for c in checks if c.fixable()]
+
+
+def collected_paths(checks: Iterable[CheckClass], *, fix: bool = False) -> list[str]:
+    """Return what a collection of these checks fetches: their reads, the base facts, and
+    with ``fix`` the paths their remediations read too (each pattern once)."""
+    from auditor.hosts.collect import BASE_READS
+
+    chosen = list(checks)
+    patterns: dict[str, None] = {}
+    for cls in chosen:
+        patterns.update(dict.fromkeys(cls.reads))
+    patterns.update(dict.fromkeys(BASE_READS))
+    if fix:
+        patterns.update(dict.fromkeys(fix_reads(chosen)))
+    return list(patterns)
+
+
+def fix_reads(checks: Iterable[CheckClass]) -> tuple[str, ...]:
+    """Return the paths the checks' remediations read beyond their ``reads``."""
+    from auditor.remediations.boot import BOOT_READS
+    from auditor.remediations.steps import GUARD_READS
+
+    found: dict[str, None] = dict.fromkeys(GUARD_READS)
+    chosen = fixable(checks)
+    for cls in chosen:
+        found.update(dict.fromkeys(cls.fix_reads))
+    if chosen:
+        found.update(dict.fromkeys(BOOT_READS))
+    return tuple(found)
+
+
+def watched(checks: Iterable[CheckClass], trigger: Trigger | None = None) -> list[CheckClass]:
+    """Return the checks a device event re-runs (those ``trigger`` re-runs, if given)."""
+    return [c for c in checks if c.events and (trigger is None or trigger in c.events)]

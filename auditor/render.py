@@ -1,18 +1,35 @@
-"""Rendering: the one Jinja environment factory, and reports rendered to strings."""
+"""Rendering: the one Jinja environment factory, and everything rendered to strings.
+
+Reports of one or many hosts, the hosts-by-checks table, the fleet report of
+``audit merge``, the fix and rollback scripts of a plan, and the before/after
+lines of an applied fix. Every function returns text; the CLI writes it.
+"""
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from auditor.model import CheckResult, FailOn, Finding, Report, Status
+from auditor.model import (
+    PROBLEMS,
+    CheckResult,
+    FailOn,
+    Finding,
+    Report,
+    Status,
+    count_by_status,
+    worst,
+)
 
 if TYPE_CHECKING:
     import jinja2
+
+    from auditor.fix import FixPlan
+    from auditor.fleet import FleetView
 
 FORMATS = ("text", "json", "markdown", "html", "junit", "prometheus")
 _TEMPLATES = {
@@ -22,10 +39,6 @@ _TEMPLATES = {
     "junit": "report.junit.xml.j2",
 }
 Kind = Literal["text", "html", "xml", "shell"]
-
-_TEMPLATE_DIR = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "templates"
-)
 
 _ANSI = {
     Status.PASS: "32",
@@ -83,21 +96,12 @@ def _xml_finalize(value: Any) -> Any:
     return value
 
 
-def _templates_dir() -> str:
-    try:
-        import templates
-
-        return os.path.dirname(os.path.abspath(templates.__file__ or ""))
-    except ImportError:  # pragma: no cover - running from a source tree without install
-        return _TEMPLATE_DIR
-
-
 def make_environment(kind: Kind = "text", colour: bool = False) -> jinja2.Environment:
     """Return a Jinja environment: strict undefined always; HTML/XML autoescaped; shell quoted."""
     import jinja2  # here, not at import: JSON and Prometheus reports need no templates
 
     options: dict[str, Any] = {
-        "loader": jinja2.FileSystemLoader(_templates_dir()),
+        "loader": jinja2.PackageLoader("auditor", "templates"),
         "undefined": jinja2.StrictUndefined,
         "keep_trailing_newline": True,
         "trim_blocks": True,
@@ -126,7 +130,7 @@ def make_environment(kind: Kind = "text", colour: bool = False) -> jinja2.Enviro
 def check_line(result: CheckResult) -> str:
     """Summarise one check's findings in one line."""
     findings = result.findings
-    bad = [f for f in findings if f.status in (Status.WARN, Status.FAIL, Status.ERROR)]
+    bad = [f for f in findings if f.status in PROBLEMS]
     if not bad:
         return findings[0].message if len(findings) == 1 else (
             f"{len(findings)} subjects: " + "; ".join(
@@ -140,7 +144,7 @@ def check_line(result: CheckResult) -> str:
 
 
 def _problems(report: Report) -> list[Finding]:
-    return [f for f in report.findings if f.status in (Status.WARN, Status.FAIL, Status.ERROR)]
+    return [f for f in report.findings if f.status in PROBLEMS]
 
 
 def render_report(
@@ -188,12 +192,103 @@ def render_reports(
 
 
 def _fleet_summary(reports: Sequence[Report]) -> dict[str, Any]:
-    counts = {s.value: 0 for s in Status}
-    for report in reports:
-        for key, value in report.summary().items():
-            counts[key] += value
     return {
         "hosts": len(reports),
         "unreachable": sum(1 for r in reports if r.error),
-        "findings": counts,
+        "findings": count_by_status(f.status for r in reports for f in r.findings),
     }
+
+
+# -- many hosts -------------------------------------------------------------------------
+
+
+def fleet_rows(reports: Sequence[Report]) -> tuple[list[str], list[dict[str, Any]]]:
+    """Return the check ids and one row per host (status per check) for the fleet table."""
+    checks: dict[str, None] = {}
+    for report in reports:
+        for result in report.results:
+            checks.setdefault(result.check, None)
+    rows = []
+    for report in reports:
+        statuses = {r.check: r.status.value for r in report.results}
+        rows.append({
+            "host": report.host,
+            "target": report.target,
+            "error": report.error,
+            "cells": [statuses.get(check, "-") for check in checks],
+            "status": report.status.value,
+        })
+    return list(checks), rows
+
+
+def render_fleet_table(reports: Sequence[Report], colour: bool = False) -> str:
+    """Render the hosts-by-checks table that follows several hosts' text reports."""
+    checks, rows = fleet_rows(reports)
+    env = make_environment("text", colour=colour)
+    return env.get_template("fleet.txt.j2").render(
+        checks=checks,
+        rows=rows,
+        counts=count_by_status(r.status for r in reports),
+        unreachable=sum(1 for r in reports if r.error),
+        host_width=max([len("HOST"), *(len(r["host"]) for r in rows)]),
+        target_width=max([len("TARGET"), *(len(r["target"]) for r in rows)]),
+        widths=[max(len(c), 5) for c in checks],
+    )
+
+
+FLEET_FORMATS = ("text", "json", "html", "prometheus")
+
+
+def render_merge(view: FleetView, fmt: str, *, limit: int = 10) -> str:
+    """Render the fleet report of ``audit merge``: text, json, html or prometheus."""
+    if fmt == "json":
+        # One host at a time: the whole fleet as dicts at once would triple the memory.
+        head = json.dumps(view.to_dict(hosts=False), indent=1, ensure_ascii=False)
+        hosts = ",\n".join(json.dumps(view.host_dict(r), ensure_ascii=False) for r in view.hosts)
+        return f'{head[:-2]},\n "hosts": [\n{hosts}\n ]\n}}\n'
+    if fmt == "prometheus":
+        from auditor.prom import render_prometheus
+
+        return render_prometheus(view.hosts)
+    if fmt not in FLEET_FORMATS:
+        raise ValueError(f"unknown fleet format {fmt!r}")
+    env = make_environment("html" if fmt == "html" else "text")
+    template = env.get_template("fleet.html.j2" if fmt == "html" else "merge.txt.j2")
+    return template.render(view=view, limit=limit)
+
+
+# -- fix scripts ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RenderedFix:
+    """A plan as scripts: the fix (which keeps a copy of its rollback) and the rollback."""
+
+    script: str
+    rollback: str
+
+
+def render_fix(plan: FixPlan) -> RenderedFix:
+    """Render the bash scripts that apply the plan and undo it."""
+    env = make_environment("shell")
+    rollback = env.get_template("rollback.sh.j2").render(plan=plan)
+    script = env.get_template("fix.sh.j2").render(plan=plan, rollback_text=rollback)
+    return RenderedFix(script, rollback)
+
+
+def render_comparison(before: Report, after: Report) -> str:
+    """Return each check's worst status before and after, naming subjects still at fault."""
+    checks = list(dict.fromkeys([r.check for r in before.results]
+                                + [r.check for r in after.results]))
+    if not checks:
+        return "before -> after: no checks ran\n"
+    width = max(len(c) for c in checks)
+    lines = ["before -> after:"]
+    for check in checks:
+        was = worst(f.status for f in before.findings if f.check == check).value
+        now_findings = [f for f in after.findings if f.check == check]
+        now = worst(f.status for f in now_findings).value
+        left = [f.subject for f in now_findings if f.status in PROBLEMS]
+        still = f"  ({', '.join(left)})" if left else ""
+        lines.append(f"  {check.ljust(width)}  {was:>5} -> {now}{still}")
+    return "\n".join(lines) + "\n"

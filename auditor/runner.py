@@ -1,20 +1,33 @@
-"""The agent runner: every check on a pool, each timed, each failure contained."""
+"""The runners: every check of one host on a pool, and many hosts at once.
+
+:func:`audit` runs every check against one host in parallel, each timed, each
+failure contained. :class:`FleetAudit` audits many SSH hosts on a thread pool (or
+on several forked processes' pools) and reports each host's result and each
+failure through callbacks: nothing here prints.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
+import os
+import threading
 import time
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
-from auditor.check import Check
+from auditor.check import CheckClass
+from auditor.errors import AuditorError, UsageError
 from auditor.hosts.base import Host
 from auditor.model import CheckResult, Finding, Report, Status
 from auditor.policy import Policy
 
+if TYPE_CHECKING:
+    from auditor.hosts.ssh import SshHost, SshOptions, SshTarget
 
-def _error(check: type[Check], message: str) -> Finding:
+
+def _error(check: CheckClass, message: str) -> Finding:
     return Finding(
         check=check.id,
         status=Status.ERROR,
@@ -24,7 +37,7 @@ def _error(check: type[Check], message: str) -> Finding:
     )
 
 
-def run_check(host: Host, check: type[Check], policy: Policy, debug: bool = False) -> CheckResult:
+def run_check(host: Host, check: CheckClass, policy: Policy, debug: bool = False) -> CheckResult:
     """Run one check agent against a host; an exception becomes one ``error`` finding."""
     started = time.perf_counter()
     try:
@@ -60,7 +73,7 @@ def host_facts(host: Host) -> tuple[tuple[str, str], ...]:
 
 def audit(
     host: Host,
-    checks: Sequence[type[Check]],
+    checks: Sequence[CheckClass],
     policy: Policy,
     *,
     debug: bool = False,
@@ -82,3 +95,238 @@ def audit(
         results=results,
         facts=facts,
     )
+
+
+# -- many hosts --------------------------------------------------------------------------
+
+
+def _error_report(target: SshTarget, started: dt.datetime, elapsed: float, message: str,
+                  ssh_target: str) -> Report:
+    return Report(
+        host=target.display,
+        target=ssh_target,
+        started=started.isoformat(timespec="seconds"),
+        duration_s=elapsed,
+        results=(),
+        error=message,
+    )
+
+
+#: Fewest hosts worth a worker process of their own (below, the fork costs more).
+HOSTS_PER_WORKER = 16
+#: Fewest usable CPUs before a fleet is spread over processes unasked: with two,
+#: measured, the targets' sshd (on loopback in the benchmark) or the rest of the
+#: machine needs the second one and one process is as fast.
+AUTO_WORKER_CPUS = 4
+
+
+def usable_cpus() -> int:
+    """Return how many CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def worker_count(hosts: int, cpus: int, asked: int | None = None) -> int:
+    """Return how many processes audit ``hosts`` hosts: ``asked``, or one per 16 hosts and CPU."""
+    if asked is not None:
+        return max(1, min(asked, hosts))
+    if cpus < AUTO_WORKER_CPUS:
+        return 1
+    return max(1, min(cpus, hosts // HOSTS_PER_WORKER))
+
+
+class FleetAudit:
+    """Audit many hosts on a thread pool, or on several processes' pools; failures stay per host.
+
+    paramiko does its packet work in Python, so one process's threads share one
+    core (the GIL). With many hosts and CPUs, forked worker processes each audit
+    a share of the hosts on their own thread pool and send each host's report
+    back as it finishes (the parent keeps the progress bar and the order).
+    """
+
+    def __init__(self, targets: Sequence[SshTarget], options: SshOptions,
+                 checks: Sequence[CheckClass], policy: Policy, *, parallel: int = 32,
+                 debug: bool = False, workers: int | None = None,
+                 on_error: Callable[[str], None] | None = None) -> None:
+        from auditor.hosts.ssh import SshContext
+        from auditor.registry import collected_paths
+
+        self.targets = list(targets)
+        self.options = options
+        self.checks = list(checks)
+        self.policy = policy
+        self.parallel = max(1, parallel)
+        self.debug = debug
+        # --debug raises a host's exception: that needs the host's thread in this process.
+        self.workers = 1 if debug else worker_count(len(self.targets), usable_cpus(), workers)
+        self._processes: list[tuple[Any, Any, list[int]]] = []
+        self.patterns = collected_paths(self.checks)
+        #: One fabric config and one read of known_hosts for every host of the run.
+        self.context = SshContext(options)
+        self.reports: list[Report | None] = [None] * len(self.targets)
+        self._live: dict[int, SshHost] = {}
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        #: Called with one line for each host that could not be audited, as it happens.
+        self.on_error = on_error or (lambda line: None)
+
+    def audit_one(self, index: int) -> Report | None:
+        """Connect to one host, collect, run the checks; an unreachable host is an error report."""
+        from auditor.hosts.ssh import SshHost
+
+        target = self.targets[index]
+        started_at = dt.datetime.now(dt.timezone.utc)
+        started = time.perf_counter()
+        host = SshHost(target, self.options, self.context)
+        with self._lock:
+            self._live[index] = host
+        try:
+            if self._stopping.is_set():
+                raise KeyboardInterrupt
+            host.connect()
+            host.collect(self.patterns)
+            report = audit(host, self.checks, self.policy, debug=self.debug, workers=1)
+            if host.privilege_note:
+                # Reports show why root-only reads (PCI config past 64 bytes) are missing.
+                report = replace(report, facts=(*report.facts,
+                                                ("privilege", host.privilege_note)))
+        except AuditorError as exc:
+            if self._stopping.is_set():
+                return None  # closed by Ctrl-C: not this host's fault
+            if self.debug and not isinstance(exc, UsageError):
+                raise
+            message = str(exc)
+            self.on_error(message)
+            report = _error_report(target, started_at, time.perf_counter() - started, message,
+                                   host.target)
+        except Exception as exc:
+            if self._stopping.is_set():
+                return None
+            if self.debug:
+                raise
+            message = f"{target.display}: {type(exc).__name__}: {exc}"
+            self.on_error(message)
+            report = _error_report(target, started_at, time.perf_counter() - started, message,
+                                   host.target)
+        finally:
+            host.close()
+            with self._lock:
+                self._live.pop(index, None)
+        self.reports[index] = report
+        return report
+
+    def stop(self) -> None:
+        """Stop: no new host starts, and connections in flight are closed."""
+        self._stopping.set()
+        with self._lock:
+            live = list(self._live.values())
+        for host in live:
+            host.close()
+
+    def run(self, on_done: Callable[[Report], None] | None = None) -> list[Report]:
+        """Audit every host; return the reports in target order (interrupted: those finished)."""
+        self.start()
+        if self._processes:
+            self._gather(on_done)
+        else:
+            self._run_threads(range(len(self.targets)), self.parallel,
+                              lambda index, report: on_done(report) if on_done else None)
+        return [r for r in self.reports if r is not None]
+
+    def _run_threads(self, indices: Iterable[int], parallel: int,
+                     on_done: Callable[[int, Report], None]) -> None:
+        wanted = list(indices)
+        pool = ThreadPoolExecutor(max_workers=max(1, min(parallel, len(wanted))),
+                                  thread_name_prefix="host")
+        try:
+            futures: dict[Future[Report | None], int] = {
+                pool.submit(self.audit_one, i): i for i in wanted
+            }
+            pending = set(futures)
+            while pending:
+                # A short wait keeps the main thread responsive to Ctrl-C.
+                done, pending = wait(pending, timeout=0.2, return_when="FIRST_COMPLETED")
+                for future in done:
+                    report = future.result()
+                    if report is not None:
+                        on_done(futures[future], report)
+        except KeyboardInterrupt:
+            self.stop()
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def start(self) -> None:
+        """Fork the worker processes, if the fleet uses them (before any thread is started)."""
+        if self.workers <= 1 or self._processes:
+            return
+        import multiprocessing
+
+        context = multiprocessing.get_context("fork")
+        parallel = max(1, -(-self.parallel // self.workers))
+        for first in range(self.workers):
+            share = list(range(first, len(self.targets), self.workers))
+            reader, writer = context.Pipe(duplex=False)
+            process = context.Process(target=self._worker, args=(share, parallel, writer),
+                                      name="audit-worker", daemon=True)
+            process.start()
+            writer.close()
+            self._processes.append((process, reader, share))
+
+    def _worker(self, share: list[int], parallel: int, writer: Any) -> None:
+        """Audit a share of the hosts in a worker process, sending (index, report) pairs."""
+        import signal
+
+        # Ctrl-C reaches the whole process group: the parent decides, and ends the workers.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        self._processes = []
+        self._run_threads(share, parallel, lambda index, report: writer.send((index, report)))
+        writer.close()
+
+    def _gather(self, on_done: Callable[[Report], None] | None) -> None:
+        from multiprocessing.connection import wait as wait_any
+
+        readers: list[Any] = [reader for _, reader, _ in self._processes]
+        try:
+            while readers:
+                # A short wait keeps the main thread responsive to Ctrl-C.
+                ready: list[Any] = wait_any(readers, timeout=0.2)
+                for reader in ready:
+                    try:
+                        index, report = reader.recv()
+                    except (EOFError, OSError):
+                        readers.remove(reader)  # the worker is done (or dead)
+                        continue
+                    self.reports[index] = report
+                    if on_done is not None:
+                        on_done(report)
+            for process, _, share in self._processes:
+                process.join()
+                if process.exitcode == 0:
+                    continue
+                # A worker that died (killed, out of memory) fails only its unfinished hosts.
+                for index in share:
+                    if self.reports[index] is None:
+                        target = self.targets[index]
+                        message = (f"{target.display}: the worker process auditing it ended "
+                                   f"(exit code {process.exitcode})")
+                        self.on_error(message)
+                        report = _error_report(target, dt.datetime.now(dt.timezone.utc), 0.0,
+                                               message, f"ssh://{target.host}")
+                        self.reports[index] = report
+                        if on_done is not None:
+                            on_done(report)
+        except KeyboardInterrupt:
+            self._stopping.set()
+            for process, _, _ in self._processes:
+                if process.is_alive():
+                    process.terminate()  # its connections close with it
+            for process, _, _ in self._processes:
+                process.join()
+            raise
+        finally:
+            for _, reader, _ in self._processes:
+                reader.close()

@@ -1,6 +1,6 @@
 """``audit snapshot``: capture exactly what the checks read, as a sysroot ``.tar.gz``.
 
-The capture is made by the collector (:mod:`auditor.collect`) from the selected
+The capture is made by the collector (:mod:`auditor.hosts.collect`) from the selected
 checks' ``reads`` patterns, so ``audit local --root capture.tar.gz`` replays the
 audit as it ran on the host. Device entries keep their major and minor; the
 collector never takes a secret (process environments, memory, keys).
@@ -13,16 +13,37 @@ import os
 import sys
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from auditor.check import Check
+from auditor.check import CheckClass
 from auditor.errors import SnapshotError, UsageError
 
 if TYPE_CHECKING:
     from auditor.hosts.ssh import SshOptions
 
 
-def _write_atomically(output: str, data: bytes) -> None:
+@dataclass(frozen=True)
+class Capture:
+    """A snapshot: the gzip tar sysroot, and what it holds."""
+
+    data: bytes
+    host: str
+    target: str
+    checks: int
+    entries: int
+    devices: int
+    note: str = ""
+
+    def summary(self, where: str) -> str:
+        """Return the one line that says what was captured and where it went."""
+        return (f"snapshot of {self.host} ({self.target}) for {self.checks} checks: "
+                f"{self.entries} entries, {self.devices} device nodes, {len(self.data)} bytes "
+                f"-> {where}" + (f" ({self.note})" if self.note else ""))
+
+
+def write_capture(output: str, data: bytes) -> None:
+    """Write a capture to ``output`` atomically (``-``: stdout)."""
     if output == "-":
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
@@ -42,26 +63,27 @@ def _write_atomically(output: str, data: bytes) -> None:
         raise UsageError(f"{output}: cannot write capture ({exc.strerror})") from exc
 
 
-def capture_local(checks: Sequence[type[Check]]) -> bytes:
+def capture_local(checks: Sequence[CheckClass]) -> bytes:
     """Return a gzip tar sysroot of every path the checks read on this machine."""
-    from auditor.collect import collect_tar, patterns_for
+    from auditor.hosts.collect import collect_tar
+    from auditor.registry import collected_paths
 
-    return collect_tar(patterns_for(checks), compress=True)
+    return collect_tar(collected_paths(checks), compress=True)
 
 
-def capture_remote(target: str, checks: Sequence[type[Check]],
+def capture_remote(target: str, checks: Sequence[CheckClass],
                    options: SshOptions | None = None) -> tuple[bytes, str]:
     """Return a gzip tar sysroot of what the checks read on a host over SSH, and a note.
 
     The note says why root-only files may be missing ("" when the collector ran as root).
     """
-    from auditor.collect import patterns_for
     from auditor.hosts.ssh import SshHost, parse_target
+    from auditor.registry import collected_paths
 
     host = SshHost(parse_target(target), options)
     try:
         host.connect()
-        host.collect(patterns_for(checks))
+        host.collect(collected_paths(checks))
     finally:
         host.close()
     assert host.collection is not None  # collect() sets it or raises
@@ -69,9 +91,9 @@ def capture_remote(target: str, checks: Sequence[type[Check]],
     return (tar if tar[:2] == b"\x1f\x8b" else gzip.compress(tar, 6)), host.privilege_note
 
 
-def snapshot(target: str, checks: Sequence[type[Check]], output: str,
-             ssh_options: SshOptions | None = None) -> str:
-    """Capture the checks' reads on ``target`` into ``output``; return a one-line summary."""
+def snapshot(target: str, checks: Sequence[CheckClass],
+             ssh_options: SshOptions | None = None) -> Capture:
+    """Capture the checks' reads on ``target`` (``local`` or an SSH host)."""
     from auditor.hosts.archive import ArchiveHost
 
     note = ""
@@ -80,13 +102,9 @@ def snapshot(target: str, checks: Sequence[type[Check]], output: str,
     else:
         data, note = capture_remote(target, checks, ssh_options)
     try:
-        capture = ArchiveHost(data, output)
+        capture = ArchiveHost(data, target)
     except SnapshotError as exc:  # the collector wrote something ArchiveHost cannot read
         raise SnapshotError(f"{target}: the capture is not a readable sysroot ({exc})") from exc
     members = capture.members()
     devices = sum(1 for m in members if (e := capture.lstat(m)) and e.kind in ("chr", "blk"))
-    _write_atomically(output, data)
-    where = "stdout" if output == "-" else output
-    return (f"snapshot of {capture.name} ({target}) for {len(checks)} checks: "
-            f"{len(members)} entries, {devices} device nodes, {len(data)} bytes -> {where}"
-            + (f" ({note})" if note else ""))
+    return Capture(data, capture.name, target, len(checks), len(members), devices, note)

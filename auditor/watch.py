@@ -17,16 +17,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from auditor.check import Check
+from auditor.check import CheckClass, Trigger
 from auditor.errors import UsageError
 from auditor.hosts.base import Host
 from auditor.model import Finding
 from auditor.policy import Policy
 
-PCI_CHECKS = frozenset({"pcie.mrrs"})
-NVIDIA_CHECKS = frozenset({"lxc.device_majors", "kernel.version"})
-#: Every check id a device event can call for.
-WATCHED = PCI_CHECKS | NVIDIA_CHECKS
 NVIDIA_PCI_VENDOR = "0x10de"
 #: How long to wait for the rest of a burst (``udevadm trigger`` sends one per device).
 BATCH_WINDOW_S = 0.25
@@ -48,8 +44,11 @@ class DeviceEvent:
         return f"{self.action} {self.subsystem} {self.name}"
 
 
-def affected_checks(event: DeviceEvent) -> frozenset[str]:
-    """Return the check ids an event can change the findings of."""
+_EVERY = frozenset(Trigger)
+
+
+def triggers(event: DeviceEvent) -> frozenset[Trigger]:
+    """Return the kinds of change an event is."""
     nvidia = (
         event.name.startswith("nvidia")
         or event.subsystem.startswith("nvidia")
@@ -59,11 +58,18 @@ def affected_checks(event: DeviceEvent) -> frozenset[str]:
     if event.subsystem == "pci":
         # An NVIDIA GPU bound or unbound loads or drops the driver's device nodes too.
         if nvidia or (event.vendor == NVIDIA_PCI_VENDOR and event.action in ("bind", "unbind")):
-            return PCI_CHECKS | NVIDIA_CHECKS
-        return PCI_CHECKS
+            return _EVERY
+        return frozenset({Trigger.PCI})
     if event.subsystem == "module":
-        return NVIDIA_CHECKS if event.name.startswith("nvidia") else frozenset()
-    return NVIDIA_CHECKS - {"kernel.version"} if nvidia else frozenset()
+        return (frozenset({Trigger.GPU_MODULE, Trigger.GPU_NODE})
+                if event.name.startswith("nvidia") else frozenset())
+    return frozenset({Trigger.GPU_NODE}) if nvidia else frozenset()
+
+
+def affected_checks(event: DeviceEvent, checks: Sequence[CheckClass]) -> frozenset[str]:
+    """Return the ids of the checks an event can change the findings of."""
+    kinds = triggers(event)
+    return frozenset(c.id for c in checks if c.events & kinds)
 
 
 def _from_pyudev(device: Any) -> DeviceEvent:
@@ -116,7 +122,7 @@ def changes(before: Sequence[Finding], after: Sequence[Finding]) -> list[str]:
 class Watcher:
     """Keep the last findings of each watched check and re-run them on demand."""
 
-    def __init__(self, host: Host, checks: Sequence[type[Check]], policy: Policy,
+    def __init__(self, host: Host, checks: Sequence[CheckClass], policy: Policy,
                  debug: bool = False) -> None:
         self.host = host
         self.checks = {c.id: c for c in checks}
@@ -143,7 +149,7 @@ def _stamp() -> str:
 
 
 def watch(
-    checks: Sequence[type[Check]],
+    checks: Sequence[CheckClass],
     policy: Policy,
     *,
     count: int | None = None,
@@ -202,7 +208,7 @@ def watch(
             if device is None:
                 continue
             first = _from_pyudev(device)
-            wanted = affected_checks(first) & watcher.checks.keys()
+            wanted = set(affected_checks(first, checks))
             if not wanted:
                 continue
             batch = [first]
@@ -215,7 +221,7 @@ def watch(
                 if more is None:
                     break
                 event = _from_pyudev(more)
-                extra = affected_checks(event) & watcher.checks.keys()
+                extra = affected_checks(event, checks)
                 if extra:
                     batch.append(event)
                     wanted |= extra

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.hostgen import HostSpec, build_host
+from tests.support.hostgen import HostSpec, build_host
 
 
 def timed(argv: list[str], runs: int) -> list[float]:

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.sshd import SshLab
+from tests.support.sshd import SshLab
 
 PYTHON = sys.executable
 AUDIT = str(Path(sys.executable).parent / "audit")
@@ -169,7 +169,7 @@ def collector_cpu(patterns: list[str], rounds: int) -> float:
     This is what each audited host's collector costs (sshd's own share is the rest
     of the sessions' CPU): the command ``audit host`` sends, less ``su``'s own cost.
     """
-    from auditor.collect import remote_command
+    from auditor.hosts.collect import remote_command
 
     command = remote_command(patterns)
     costs = []

@@ -8,14 +8,15 @@ pays that exit latency, so the deep states show up directly in token latency.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from auditor.check import Check
+from auditor.check import Check, CheckOptions, option
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity
 from auditor.parsing import format_cpulist, kernel_cmdline_params, parse_cpulist
+from auditor.remediations.steps import FixContext, Remedy, SetValue, Step, evidence
 
 CPU_DIR = "/sys/devices/system/cpu"
 DRIVER = f"{CPU_DIR}/cpuidle/current_driver"
@@ -33,6 +34,13 @@ GUEST_DRIVERS = frozenset({"haltpoll"})
 #: Enough for any CPU the kernel supports (CPUIDLE_STATE_MAX is 10).
 _MAX_STATES = 16
 
+#: Boot parameters that cap the idle driver at C1, by cpuidle driver.
+BOOT_PARAMS = {
+    "intel_idle": ("intel_idle.max_cstate=1", "processor.max_cstate=1"),
+    "acpi_idle": ("processor.max_cstate=1",),
+}
+
+_STATE = re.compile(r"state[0-9]+")
 _CPU_NAME = re.compile(r"^cpu([0-9]{1,5})$")
 #: A kernel CPU list with no number over five digits (a garbled file must not expand
 #: into billions of CPUs).
@@ -156,7 +164,16 @@ def cstate_limits(host: Host, params: dict[str, str]) -> list[str]:
     return notes
 
 
-class CpuCstates(Check):
+@dataclass(frozen=True)
+class CstateOptions(CheckOptions):
+    """Options of ``cpu.cstates``."""
+
+    max_exit_latency_us: int = option(
+        20, minimum=0, maximum=100_000,
+        help="the longest exit latency (us) an enabled idle state may declare")
+
+
+class CpuCstates(Check[CstateOptions]):
     """Deep CPU idle states add wake-up latency to every burst of inference work."""
 
     id: ClassVar[str] = "cpu.cstates"
@@ -181,10 +198,14 @@ class CpuCstates(Check):
         "disable) and persist it: a tuned profile (latency-performance), a systemd unit, or "
         "intel_idle.max_cstate= / processor.max_cstate= on the kernel command line."
     )
-    defaults: ClassVar[dict[str, object]] = {"max_exit_latency_us": 20}
+    options_type: ClassVar[type[CheckOptions]] = CstateOptions
+    profiles: ClassVar[dict[str, dict[str, object]]] = {
+        "latency": {"max_exit_latency_us": 2},
+        "throughput": {"max_exit_latency_us": 50},
+    }
 
     def evaluate(self, host: Host) -> Iterable[Finding]:
-        limit = int(self.options["max_exit_latency_us"])
+        limit = self.options.max_exit_latency_us
         driver = host.read_optional(DRIVER)
         params = kernel_cmdline_params(host.read_optional(CMDLINE) or "")
         idle = params.get("idle")
@@ -306,3 +327,42 @@ class CpuCstates(Check):
                 "residency_us": residency if residency.isascii() and residency.isdigit() else "",
             },
         )
+
+    # -- the fix --------------------------------------------------------------------------
+
+    def remediate(
+        self, host: Host, findings: Sequence[Finding], context: FixContext
+    ) -> list[Remedy]:
+        """Write 1 to each too-deep state's ``disable`` file and cap the idle driver at boot."""
+        remedies: list[Remedy] = []
+        for finding in findings:
+            ev = evidence(finding)
+            state = ev.get("state", "")
+            if not _STATE.fullmatch(state):
+                continue
+            try:
+                cpus = parse_cpulist(ev.get("cpus", ""))
+            except ValueError:
+                continue
+            steps: list[Step] = []
+            for cpu in cpus:
+                path = f"{CPU_DIR}/cpu{cpu}/cpuidle/{state}/disable"
+                if host.exists(path):
+                    steps.append(SetValue(path, "1"))
+            driver = ev.get("driver", "")
+            params = BOOT_PARAMS.get(driver, ())
+            if not params:
+                notes = (f"cpuidle driver {driver or 'unknown'!s} has no boot parameter that "
+                         "caps C-states: the runtime change lasts until the next boot",)
+            else:
+                notes = ("max_cstate=1 keeps only C1 at boot, which may be stricter than the "
+                         f"{ev.get('limit_us', '?')} us limit",)
+            remedies.append(Remedy(
+                check=self.id,
+                subject=finding.subject,
+                title=f"disable {finding.subject} ({state}) on CPUs {ev.get('cpus', '')}",
+                runtime=tuple(steps),
+                boot_params=params,
+                notes=notes,
+            ))
+        return remedies

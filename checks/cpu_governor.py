@@ -9,147 +9,93 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from auditor.check import Check
+from auditor.check import Check, CheckOptions, option
+from auditor.checks.lib.cpufreq import (
+    AMD_STATUS,
+    BOOST,
+    CPU_DIR,
+    CPUFREQ,
+    EPP_DRIVERS,
+    EPP_PERFORMANCE,
+    INTEL_DRIVERS,
+    INTEL_NO_TURBO,
+    INTEL_STATUS,
+    POLICY_FILES,
+    REVERTING_DAEMONS,
+    CpufreqPolicy,
+    policy_names,
+    policy_path,
+    read_policy,
+)
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity
-from auditor.parsing import format_cpulist, parse_cpulist
-
-CPU_DIR = "/sys/devices/system/cpu"
-CPUFREQ = f"{CPU_DIR}/cpufreq"
-BOOST = f"{CPUFREQ}/boost"
-INTEL_STATUS = "/sys/devices/system/cpu/intel_pstate/status"
-INTEL_NO_TURBO = "/sys/devices/system/cpu/intel_pstate/no_turbo"
-AMD_STATUS = "/sys/devices/system/cpu/amd_pstate/status"
-POLICY_FILES = (
-    "scaling_driver",
-    "scaling_governor",
-    "scaling_available_governors",
-    "affected_cpus",
-    "related_cpus",
-    "energy_performance_preference",
-    "energy_performance_available_preferences",
-    "scaling_max_freq",
-    "cpuinfo_max_freq",
-    "scaling_min_freq",
+from auditor.parsing import format_cpulist
+from auditor.remediations.steps import (
+    Advice,
+    FixContext,
+    MakeSymlink,
+    Remedy,
+    RunCommand,
+    SetValue,
+    Step,
+    WriteFile,
 )
+from auditor.remediations.steps import evidence as evidence_of
 
-#: Drivers in which the hardware picks the frequency, steered by the EPP hint: there
-#: ``powersave`` with EPP ``performance`` runs as fast as the ``performance`` governor.
-EPP_DRIVERS = frozenset({"intel_pstate", "amd-pstate-epp"})
-#: EPP values that mean "performance": the name, or the raw 0 a tool may have written.
-EPP_PERFORMANCE = frozenset({"performance", "0"})
-INTEL_DRIVERS = frozenset({"intel_pstate", "intel_cpufreq"})
+#: The governors of Linux's cpufreq core (Documentation/admin-guide/pm/cpufreq.rst).
+GOVERNORS = ("performance", "powersave", "userspace", "ondemand", "conservative", "schedutil")
 
-#: Running daemons that set the governor themselves and would undo a change, with how
-#: to make them keep it. thermald is absent on purpose: it throttles only when hot.
-REVERTING_DAEMONS: dict[str, tuple[str, str]] = {
-    "tuned": ("tuned", "tuned-adm profile latency-performance"),
-    "power-profiles-daemon": ("power-profiles-daemon", "powerprofilesctl set performance"),
-    # A process name is cut to 15 characters in /proc/PID/stat.
-    "power-profiles-": ("power-profiles-daemon", "powerprofilesctl set performance"),
-    "cpufreqd": ("cpufreqd", "systemctl disable --now cpufreqd"),
-    "cpufrequtils": ("cpufrequtils", "set GOVERNOR=performance in /etc/default/cpufrequtils"),
-    "ondemand": ("ondemand", "systemctl disable --now ondemand"),
-    "auto-cpufreq": ("auto-cpufreq", "systemctl disable --now auto-cpufreq"),
-    "system76-power": ("system76-power", "system76-power profile performance"),
-}
+UNIT_NAME = "host-auditor-cpu-performance.service"
+UNIT = f"/etc/systemd/system/{UNIT_NAME}"
+WANTS = f"/etc/systemd/system/multi-user.target.wants/{UNIT_NAME}"
+#: Drivers that choose the policy themselves (setpolicy / EPP): the
+#: ``cpufreq.default_governor`` parameter does not reach them, a unit does.
+SETPOLICY_DRIVERS = ("intel_pstate", "amd-pstate-epp")
+#: Policy names as the check reports them: ``policyN``, or ``cpuN`` without policies.
+_POLICY = re.compile(r"(?:policy|cpu)[0-9]+")
+_BOOST_FILES = {BOOST: "1", INTEL_NO_TURBO: "0"}
 
-_POLICY_NAME = re.compile(r"^policy([0-9]{1,5})$")
-_CPU_NAME = re.compile(r"^cpu([0-9]{1,5})$")
-_CPU_LIST = re.compile(r"^[0-9,\-:/]*$")
+
+def unit_text(governor: str) -> str:
+    """Return the systemd unit that sets ``governor`` (and EPP performance) at every boot."""
+    epp = (f"for f in {CPU_DIR}/cpu[0-9]*/cpufreq/energy_performance_preference; "
+           'do [ -w "$$f" ] && echo performance > "$$f"; done; ' if governor == "performance"
+           else "")
+    # systemd expands $VAR in ExecStart: $$ is a literal dollar for the shell.
+    return (
+        f"# Written by host-auditor: the {governor} governor{' and EPP' if epp else ''} on "
+        "every cpufreq policy.\n"
+        "[Unit]\n"
+        f"Description=CPU frequency governor {governor} (host-auditor)\n"
+        "After=sysinit.target\n\n"
+        "[Service]\n"
+        "Type=oneshot\n"
+        "RemainAfterExit=yes\n"
+        f"ExecStart=/bin/sh -c '{epp}"
+        f"for f in {CPU_DIR}/cpu[0-9]*/cpufreq/scaling_governor; do echo {governor} > "
+        '"$$f"; done; true\'\n\n'
+        "[Install]\n"
+        "WantedBy=multi-user.target\n"
+    )
 
 
 @dataclass(frozen=True)
-class Policy:
-    """What one cpufreq policy reports."""
+class GovernorOptions(CheckOptions):
+    """Options of ``cpu.governor``."""
 
-    name: str
-    cpus: tuple[int, ...]
-    governor: str
-    epp: str | None
-    max_freq: int | None
-    hw_max_freq: int | None
-
-
-def parse_cpu_numbers(text: str) -> list[int]:
-    """Parse a cpufreq CPU list (``0 1 2``) or a range list; [] for garbage."""
-    joined = ",".join(text.split())
-    # A garbled file must not make us build a range of billions of CPUs.
-    if not _CPU_LIST.match(joined) or any(len(n) > 5 for n in re.findall(r"[0-9]+", joined)):
-        return []
-    try:
-        return parse_cpulist(joined)
-    except ValueError:
-        return []
-
-
-def parse_khz(text: str | None) -> int | None:
-    """Parse a frequency in kHz; None for a missing or garbled value."""
-    if text is None or not (text.isascii() and text.isdigit()) or len(text) > 12:
-        return None
-    return int(text)
-
-
-def policy_path(name: str) -> str:
-    """Return the directory of a policy ``policy_names`` gave: ``policyN``, or ``cpuN``'s own."""
-    if _CPU_NAME.match(name):
-        return f"{CPU_DIR}/{name}/cpufreq"
-    return f"{CPUFREQ}/{name}"
-
-
-def policy_names(host: Host) -> list[str]:
-    """Return the cpufreq policy names, in CPU order.
-
-    These are the ``policyN`` directories; where there are none but CPUs have a
-    ``cpufreq`` directory of their own (kernels before 4.3, trees built by hand),
-    each such CPU is named (``cpuN``) as a policy of one.
-    """
-    try:
-        names = host.listdir(CPUFREQ)
-    except OSError:
-        names = []
-    found = [(int(m.group(1)), n) for n in names if (m := _POLICY_NAME.match(n))]
-    if not found:
-        try:
-            cpus = host.listdir(CPU_DIR)
-        except OSError:
-            return []
-        found = [(int(m.group(1)), n) for n in cpus
-                 if (m := _CPU_NAME.match(n)) and host.is_dir(f"{CPU_DIR}/{n}/cpufreq")]
-    return [name for _, name in sorted(found)]
-
-
-def read_policy(host: Host, name: str, with_epp: bool) -> Policy | None:
-    """Read one policy; None when its governor cannot be read (every CPU of it offline)."""
-    base = policy_path(name)
-    governor = host.read_optional(f"{base}/scaling_governor")
-    if not governor:
-        return None
-    cpus = parse_cpu_numbers(host.read_optional(f"{base}/affected_cpus") or "")
-    if not cpus:
-        cpus = parse_cpu_numbers(host.read_optional(f"{base}/related_cpus") or "")
-    if not cpus:
-        # A policy is named after its first CPU.
-        cpus = [int(name.removeprefix("policy").removeprefix("cpu"))]
-    return Policy(
-        name=name,
-        cpus=tuple(cpus),
-        governor=governor,
-        epp=host.read_optional(f"{base}/energy_performance_preference") if with_epp else None,
-        max_freq=parse_khz(host.read_optional(f"{base}/scaling_max_freq")),
-        hw_max_freq=parse_khz(host.read_optional(f"{base}/cpuinfo_max_freq")),
-    )
-
+    governor: str = option("performance", choices=GOVERNORS,
+                           help="the governor every cpufreq policy must run")
+    require_boost: bool = option(True, help="warn when turbo/boost is off")
 
 def _mhz(khz: int) -> str:
     return f"{khz / 1000:g} MHz"
 
 
-class CpuGovernor(Check):
+class CpuGovernor(Check[GovernorOptions]):
     """CPU frequency governors that ramp on demand add latency to every burst."""
 
     id: ClassVar[str] = "cpu.governor"
@@ -180,7 +126,8 @@ class CpuGovernor(Check):
         "that manages power on the host (a tuned profile such as latency-performance, "
         "power-profiles-daemon's performance profile, or a systemd unit)."
     )
-    defaults: ClassVar[dict[str, object]] = {"governor": "performance", "require_boost": True}
+    options_type: ClassVar[type[CheckOptions]] = GovernorOptions
+    fix_reads: ClassVar[tuple[str, ...]] = ("/proc/cpuinfo",)
 
     def evaluate(self, host: Host) -> Iterable[Finding]:
         names = policy_names(host)
@@ -192,7 +139,7 @@ class CpuGovernor(Check):
                 "sets it",
             )
             return
-        wanted = str(self.options["governor"])
+        wanted = self.options.governor
         first = policy_path(names[0])
         # One cpufreq driver serves every policy (the kernel holds a single driver), so
         # the driver-wide files are read once, from the first policy.
@@ -256,8 +203,8 @@ class CpuGovernor(Check):
         yield from problems
 
     @staticmethod
-    def _groups(policies: list[Policy]) -> dict[tuple[str, str | None], list[Policy]]:
-        groups: dict[tuple[str, str | None], list[Policy]] = {}
+    def _groups(policies: list[CpufreqPolicy]) -> dict[tuple[str, str | None], list[CpufreqPolicy]]:
+        groups: dict[tuple[str, str | None], list[CpufreqPolicy]] = {}
         for policy in policies:
             groups.setdefault((policy.governor, policy.epp), []).append(policy)
         return groups
@@ -318,7 +265,7 @@ class CpuGovernor(Check):
             observed = f"boost={boost}"
         else:
             return None, None
-        if on is not False or not self.options["require_boost"]:
+        if on is not False or not self.options.require_boost:
             return on, None
         return False, self.warned(
             "boost",
@@ -329,9 +276,9 @@ class CpuGovernor(Check):
         )
 
     def _caps(
-        self, host: Host, policies: list[Policy], driver: str, boost_on: bool | None
+        self, host: Host, policies: list[CpufreqPolicy], driver: str, boost_on: bool | None
     ) -> list[Finding]:
-        capped: dict[tuple[int, int], list[Policy]] = {}
+        capped: dict[tuple[int, int], list[CpufreqPolicy]] = {}
         for policy in policies:
             if policy.max_freq is None or policy.hw_max_freq is None:
                 continue
@@ -380,3 +327,122 @@ class CpuGovernor(Check):
             )
             for daemon, fix in found.items()
         ]
+
+    # -- the fix --------------------------------------------------------------------------
+
+    def remediate(
+        self, host: Host, findings: Sequence[Finding], context: FixContext
+    ) -> list[Remedy]:
+        """Write the governor to each policy (EPP first), and persist it across reboots."""
+        wanted = self.options.governor
+        remedies: list[Remedy] = []
+        params: list[str] = []
+        need_unit = False
+        for finding in findings:
+            ev = evidence_of(finding)
+            if "governor" not in ev:
+                extra = self._other_remedy(host, finding, ev)
+                if extra is not None:
+                    remedies.append(extra)
+                continue
+            driver = ev.get("driver", "")
+            available = ev.get("available_governors", "").split()
+            notes: list[str] = []
+            steps: list[Step] = []
+            if available and wanted not in available:
+                notes.append(f"driver {driver} offers no {wanted} governor "
+                             f"({' '.join(available)}): nothing to set")
+            else:
+                epp_steps: list[Step] = []
+                gov_steps: list[Step] = []
+                for name in ev.get("policies", "").split():
+                    if not _POLICY.fullmatch(name):
+                        continue
+                    epp = f"{policy_path(name)}/energy_performance_preference"
+                    if wanted == "performance" and ev.get("epp") and host.exists(epp):
+                        epp_steps.append(SetValue(epp, "performance"))
+                    governor = f"{policy_path(name)}/scaling_governor"
+                    if host.exists(governor):
+                        gov_steps.append(SetValue(governor, wanted))
+                # EPP first: EPP drivers refuse a non-performance EPP under the performance
+                # governor, so the rollback (reverse order) restores the governor before EPP.
+                steps = epp_steps + gov_steps
+                if driver in SETPOLICY_DRIVERS:
+                    need_unit = True
+                    if driver == "amd-pstate-epp":
+                        params.append("amd_pstate=active")
+                else:
+                    params.append(f"cpufreq.default_governor={wanted}")
+                    if driver == "acpi-cpufreq" and "AuthenticAMD" in (
+                        host.read_optional("/proc/cpuinfo") or ""
+                    ):
+                        notes.append("on kernels >= 6.3, amd_pstate=active switches this AMD "
+                                     "CPU to the amd-pstate-epp driver; not added here")
+            remedies.append(Remedy(
+                check=self.id,
+                subject=finding.subject,
+                title=f"{wanted} governor on CPUs {finding.subject} ({driver})",
+                runtime=tuple(steps),
+                notes=tuple(notes),
+            ))
+        if not params and not need_unit:
+            return remedies
+        running = host.processes()
+        daemons = sorted({daemon for process, (daemon, _) in REVERTING_DAEMONS.items()
+                          if running is not None and process in running})
+        known = sorted({daemon for daemon, _ in REVERTING_DAEMONS.values()})
+        warning = ("daemons that set governors can revert this: "
+                   + ("running now: " + ", ".join(daemons) if daemons else
+                      "check " + ", ".join(known) + " and Ubuntu's ondemand.service"))
+        persistent: list[Step] = []
+        if need_unit:
+            persistent += [
+                WriteFile(UNIT, unit_text(wanted)),
+                MakeSymlink(WANTS, UNIT),
+                RunCommand(("systemctl", "daemon-reload"), after=(0,),
+                           undo=("systemctl", "daemon-reload"), optional=True),
+            ]
+        how = [f"{' '.join(dict.fromkeys(params))} on the boot command line"] if params else []
+        if need_unit:
+            how.append(f"the {UNIT_NAME} unit")
+        remedies.append(Remedy(
+            check=self.id,
+            subject="boot",
+            title=f"keep the {wanted} governor across reboots",
+            persistent=tuple(persistent),
+            boot_params=tuple(dict.fromkeys(params)),
+            notes=(f"persisted by {' and '.join(how)}", warning),
+        ))
+        return remedies
+
+    def _other_remedy(self, host: Host, finding: Finding, ev: dict[str, str]) -> Remedy | None:
+        """Return the remedy for a boost, max-frequency cap or daemon finding, or None."""
+        if finding.subject == "boost" and ev.get("source") in _BOOST_FILES:
+            source = ev["source"]
+            return Remedy(
+                check=self.id, subject="boost", title="turn boost on",
+                runtime=(SetValue(source, _BOOST_FILES[source]),) if host.exists(source) else (),
+                notes=("boost can also be off in the firmware setup: check it there too",),
+            )
+        if finding.subject.startswith("max-freq:"):
+            hw_max = ev.get("cpuinfo_max_freq", "")
+            if not hw_max.isdigit():
+                return None
+            steps: list[Step] = []
+            for name in ev.get("policies", "").split():
+                path = f"{policy_path(name)}/scaling_max_freq"
+                if _POLICY.fullmatch(name) and host.exists(path):
+                    steps.append(SetValue(path, hw_max))
+            return Remedy(
+                check=self.id, subject=finding.subject,
+                title=f"lift the scaling_max_freq cap to {hw_max} kHz", runtime=tuple(steps),
+                notes=("whatever set the cap (a daemon, a power profile) sets it again at boot",),
+            )
+        if "daemon" in ev:
+            return Remedy(
+                check=self.id, subject=finding.subject,
+                title=f"{ev['daemon']} manages the governor",
+                advice=(Advice(f"make {ev['daemon']} choose {self.options.governor}, or stop "
+                               f"it: {finding.fix}"),),
+            )
+        return None

@@ -8,14 +8,17 @@ GPUs need NVIDIA's open kernel module, R570 or newer).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
-from auditor.check import Check
+from auditor.check import Check, CheckOptions, Trigger, option
+from auditor.checks.lib import pci
+from auditor.errors import PolicyError
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity
 from auditor.parsing import version_tuple
-from checks import pci
+from auditor.remediations.steps import Advice, FixContext, Remedy, evidence, safe_word
 
 OSRELEASE = "/proc/sys/kernel/osrelease"
 PROC_VERSION = "/proc/version"
@@ -148,7 +151,60 @@ def nvidia_gpus(host: Host) -> list[tuple[str, int, str]]:
     return found
 
 
-class KernelVersion(Check):
+RHEL_LIKE = {"rhel", "centos", "rocky", "almalinux", "fedora", "ol"}
+
+
+def _codename(os_release: Mapping[str, str]) -> str:
+    """Return the codename a release names in parentheses (``12 (bookworm)``), or ""."""
+    for key in ("VERSION", "PRETTY_NAME"):
+        match = re.search(r"\(([a-z]+)\)", os_release.get(key, ""))
+        if match:
+            return match.group(1)
+    return ""
+
+
+def upgrade_command(
+    running: str, minimum: str, os_release: Mapping[str, str], arch: str = "amd64"
+) -> tuple[str, ...]:
+    """Return the command that installs a newer kernel on this distribution, or ()."""
+    ids = {os_release.get("ID", ""), *os_release.get("ID_LIKE", "").split()}
+    wanted = version_tuple(minimum)
+    if running.endswith("-pve") or "pve" in os_release.get("NAME", "").lower():
+        series = ".".join(str(n) for n in (wanted[:2] if len(wanted) >= 2 else (6, 14)))
+        return ("apt", "install", f"proxmox-kernel-{series}")
+    if os_release.get("ID") == "ubuntu" or "ubuntu" in ids:
+        version = os_release.get("VERSION_ID", "")
+        if safe_word(version):
+            return ("apt", "install", "--install-recommends", f"linux-generic-hwe-{version}")
+        return ()
+    if "debian" in ids:
+        codename = os_release.get("VERSION_CODENAME", "") or _codename(os_release)
+        if safe_word(codename):
+            return ("apt", "install", "-t", f"{codename}-backports", f"linux-image-{arch}")
+        return ()
+    if ids & RHEL_LIKE:
+        return ("dnf", "install", "kernel")
+    return ()
+
+
+@dataclass(frozen=True)
+class KernelOptions(CheckOptions):
+    """Options of ``kernel.version``."""
+
+    minimum: str = option("6.14", help="the oldest kernel release that passes (e.g. 6.14)")
+    blackwell_min_driver: str = option(
+        "570", help="the oldest NVIDIA driver branch that supports Blackwell GPUs")
+
+    def validate(self, where: str) -> None:
+        """Both values must read as versions."""
+        for name in ("minimum", "blackwell_min_driver"):
+            value = getattr(self, name)
+            if not version_tuple(value):
+                raise PolicyError(f"{where}.{name} must be a version such as 6.14, got "
+                                  f"{value!r}")
+
+
+class KernelVersion(Check[KernelOptions]):
     """The running kernel must be recent enough, and Blackwell GPUs need the open R570+ driver."""
 
     id: ClassVar[str] = "kernel.version"
@@ -181,7 +237,9 @@ class KernelVersion(Check):
         "the open flavour of a R570 or newer NVIDIA driver (nvidia-driver-5xx-open, or "
         "NVIDIA's installer with -m=kernel-open)."
     )
-    defaults: ClassVar[dict[str, str]] = {"minimum": "6.14", "blackwell_min_driver": "570"}
+    options_type: ClassVar[type[CheckOptions]] = KernelOptions
+    fix_reads: ClassVar[tuple[str, ...]] = ("/proc/cpuinfo",)
+    events: ClassVar[frozenset[Trigger]] = frozenset({Trigger.GPU_MODULE})
 
     def evaluate(self, host: Host) -> Iterable[Finding]:
         distro = os_release_id(host)
@@ -190,10 +248,8 @@ class KernelVersion(Check):
         yield self._judge_driver(host, running or "", distro)
 
     def _judge_kernel(self, host: Host, running: str | None, distro: str) -> Finding:
-        minimum = str(self.options["minimum"])
+        minimum = self.options.minimum
         wanted = version_tuple(minimum)
-        if not wanted:
-            raise ValueError(f"minimum {minimum!r} is not a kernel version")
         evidence = {"running": running or "", "minimum": minimum, "distro": distro}
         if not running or not version_tuple(running):
             return self.skipped(
@@ -228,9 +284,7 @@ class KernelVersion(Check):
         )
 
     def _judge_driver(self, host: Host, running: str, distro: str) -> Finding:
-        branch = str(self.options["blackwell_min_driver"])
-        if not version_tuple(branch):
-            raise ValueError(f"blackwell_min_driver {branch!r} is not a driver version")
+        branch = self.options.blackwell_min_driver
         gpus = nvidia_gpus(host)
         blackwell = [(a, d) for a, d, _ in gpus if is_blackwell(d)]
         driver = nvidia_driver(host)
@@ -293,3 +347,47 @@ class KernelVersion(Check):
             f"{described} supports its {len(blackwell)} Blackwell GPU(s)",
             observed=f"{version} {flavour}", expected=expected, evidence=evidence,
         )
+
+    # -- the fix (advice only: a kernel is the operator's choice) ------------------------
+
+    def remediate(
+        self, host: Host, findings: Sequence[Finding], context: FixContext
+    ) -> list[Remedy]:
+        """Advise the kernel (or NVIDIA driver) upgrade; nothing runs unless uncommented."""
+        remedies: list[Remedy] = []
+        cpuinfo = host.read_optional("/proc/cpuinfo") or ""
+        arch = "arm64" if "CPU implementer" in cpuinfo and "vendor_id" not in cpuinfo else "amd64"
+        for finding in findings:
+            ev = evidence(finding)
+            minimum = ev.get("minimum", finding.expected)
+            if finding.subject == "kernel":
+                running = ev.get("running", finding.observed)
+                advice: list[Advice] = []
+                newer = ev.get("installed_newer", "")
+                if newer:
+                    advice.append(Advice(f"kernel {newer} is installed already: reboot into it"))
+                enough = bool(newer) and version_tuple(newer) >= version_tuple(minimum)
+                command = upgrade_command(running, minimum, context.os_release, arch)
+                if enough:
+                    pass
+                elif command:
+                    advice.append(Advice(f"install a kernel >= {minimum}, then reboot", command))
+                else:
+                    advice.append(Advice(f"install a kernel >= {minimum} with this "
+                                         "distribution's tools, then reboot"))
+                remedies.append(Remedy(
+                    check=self.id, subject="kernel",
+                    title=f"kernel {running} is older than {minimum}",
+                    advice=tuple(advice), reboot=True,
+                ))
+            elif finding.subject == "nvidia-driver":
+                flavour = ev.get("flavour", "")
+                remedies.append(Remedy(
+                    check=self.id, subject="nvidia-driver",
+                    title=f"NVIDIA driver {ev.get('version', finding.observed)} is older than "
+                          f"{minimum}",
+                    advice=(Advice(f"install the NVIDIA {flavour} driver >= {minimum} from "
+                                   "the same source as the current one, then reboot"),),
+                    reboot=True,
+                ))
+        return remedies

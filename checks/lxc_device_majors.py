@@ -14,36 +14,49 @@ import posixpath
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import ClassVar
 
-from auditor.check import Check
-from auditor.hosts.base import Host
-from auditor.model import Finding, Severity
-from checks.lxc_config import (
+from auditor.check import Check, CheckOptions, Trigger
+from auditor.checks.lib.lxc_config import (
     ALLOW_KEYS,
     DENY_KEYS,
     MOUNT_KEY,
+    PLAIN_LXC_GLOB,
+    PROC_CGROUP,
+    PROC_DEVICES,
+    PVE_ROOT,
+    CgroupMode,
     ConfigLine,
+    Container,
     DeviceRule,
     Flavour,
     MainSection,
+    cgroup_mode,
+    find_containers,
+    format_line,
     is_dev_key,
+    listdir,
     parse_dev_entry,
     parse_device_rule,
     parse_main_section,
     parse_mount_entry,
+    parse_proc_devices,
 )
-
-PROC_DEVICES = "/proc/devices"
-PROC_CGROUP = "/proc/1/cgroup"
-PVE_ROOT = "/etc/pve"
-PLAIN_LXC_GLOB = "/var/lib/lxc/*/config"
+from auditor.hosts.base import Host
+from auditor.model import Finding, Severity
+from auditor.remediations.steps import (
+    Advice,
+    FixContext,
+    InsertLine,
+    Remedy,
+    ReplaceLine,
+    Step,
+    evidence,
+)
 
 #: Drivers whose character major never moves.
 FIXED_MAJORS = {"nvidia": 195, "nvidiactl": 195, "drm": 226}
 NEED = frozenset("rw")  # opening a GPU node for CUDA needs read and write
-
-CgroupMode = Literal["v2", "v1", "unknown"]
 
 #: Device node paths -> (driver name in /proc/devices, minor by naming convention).
 _NODE_PATTERNS: tuple[tuple[re.Pattern[str], str, int | None], ...] = (
@@ -63,15 +76,6 @@ _NODE_PATTERNS: tuple[tuple[re.Pattern[str], str, int | None], ...] = (
 
 #: Directories of GPU nodes that a config may bind whole.
 _NODE_DIRS = frozenset({"/dev/dri", "/dev/nvidia-caps", "/dev/nvidia-caps-imex-channels"})
-
-
-@dataclass(frozen=True)
-class Container:
-    """One container config found on the host."""
-
-    id: str
-    path: str
-    flavour: Flavour
 
 
 @dataclass(frozen=True)
@@ -95,44 +99,6 @@ class Rule:
     line: ConfigLine
 
 
-def parse_proc_devices(text: str) -> dict[str, list[int]]:
-    """Return the character drivers of ``/proc/devices``: name -> majors."""
-    majors: dict[str, list[int]] = {}
-    in_char = False
-    for line in text.splitlines():
-        stripped = line.strip()
-        if stripped.endswith(":"):
-            in_char = stripped == "Character devices:"
-            continue
-        number, _, name = stripped.partition(" ")
-        name = name.strip()
-        if not in_char or not name or not number.isascii() or not number.isdigit():
-            continue
-        if len(number) > 9:  # no real major is that long; keep int() cheap and sane
-            continue
-        majors.setdefault(name, []).append(int(number))
-    return majors
-
-
-def cgroup_mode(text: str | None) -> CgroupMode:
-    """Return how device rules are enforced, from ``/proc/1/cgroup``.
-
-    On a pure cgroup2 host LXC ignores every ``lxc.cgroup.*`` key ("Ignoring legacy
-    cgroup limits on pure cgroup2 system"); with a v1 ``devices`` controller the
-    legacy keys apply.
-    """
-    if not text:
-        return "unknown"
-    hierarchies = [line.split(":", 2) for line in text.splitlines() if line.strip()]
-    if any(len(parts) != 3 for parts in hierarchies):
-        return "unknown"
-    if all(parts[0] == "0" and parts[1] == "" for parts in hierarchies):
-        return "v2"
-    if any("devices" in parts[1].split(",") for parts in hierarchies):
-        return "v1"
-    return "unknown"
-
-
 def node_driver(path: str) -> tuple[str, int | None] | None:
     """Return (driver name, minor by convention) of a GPU device path, or None."""
     for pattern, driver, minor in _NODE_PATTERNS:
@@ -144,55 +110,6 @@ def node_driver(path: str) -> tuple[str, int | None] | None:
             minor = int(digits) if len(digits) < 9 else None
         return driver, minor
     return None
-
-
-def find_containers(host: Host) -> tuple[list[Container], str]:
-    """Return the container configs on the host, and a note when Proxmox's are unclear."""
-    containers: list[Container] = []
-    pve_dir, note = _pve_lxc_dir(host)
-    pve_ids: set[str] = set()
-    if pve_dir is not None:
-        for name in _listdir(host, pve_dir):
-            if name.endswith(".conf") and not name.startswith("."):
-                path = posixpath.join(pve_dir, name)
-                if host.is_dir(path):
-                    continue
-                containers.append(Container(name[: -len(".conf")], path, "proxmox"))
-                pve_ids.add(name[: -len(".conf")])
-    for path in host.glob(PLAIN_LXC_GLOB):
-        name = path.split("/")[-2]
-        # Proxmox writes /var/lib/lxc/<id>/config from <id>.conf at every start.
-        if name not in pve_ids:
-            containers.append(Container(name, path, "lxc"))
-    return containers, note
-
-
-def _listdir(host: Host, path: str) -> list[str]:
-    try:
-        return host.listdir(path)
-    except OSError:
-        return []
-
-
-def _pve_lxc_dir(host: Host) -> tuple[str | None, str]:
-    # /etc/pve/lxc and /etc/pve/local are links to this node's nodes/<name>; the
-    # nodes/ tree holds every cluster member's containers, only one of them runs here.
-    for candidate in (f"{PVE_ROOT}/lxc", f"{PVE_ROOT}/local/lxc"):
-        if host.is_dir(candidate):
-            return candidate, ""
-    nodes = [n for n in _listdir(host, f"{PVE_ROOT}/nodes")
-             if host.is_dir(f"{PVE_ROOT}/nodes/{n}/lxc")]
-    if not nodes:
-        return None, ""
-    hostname = (host.read_optional("/etc/hostname") or host.name).split(".")[0]
-    if hostname in nodes:
-        return f"{PVE_ROOT}/nodes/{hostname}/lxc", ""
-    if len(nodes) == 1:
-        return f"{PVE_ROOT}/nodes/{nodes[0]}/lxc", ""
-    return None, (
-        f"{PVE_ROOT}/nodes holds {len(nodes)} cluster nodes and none is named "
-        f"{hostname!r}, so which containers run here is unknown"
-    )
 
 
 def allows(rules: Sequence[Rule], major: int, minor: int | None) -> bool:
@@ -231,7 +148,7 @@ def allows(rules: Sequence[Rule], major: int, minor: int | None) -> bool:
     return any(t == "c" and covers(ma, mi) and NEED <= acc for t, ma, mi, acc in exceptions)
 
 
-class LxcDeviceMajors(Check):
+class LxcDeviceMajors(Check[CheckOptions]):
     """LXC containers must allow the GPU drivers' current device majors."""
 
     id: ClassVar[str] = "lxc.device_majors"
@@ -265,6 +182,8 @@ class LxcDeviceMajors(Check):
         "config and restart the container. On Proxmox the lasting fix is to pass the nodes "
         "as 'devN: /dev/nvidia-uvm' entries, which are allowed at the live major on every start."
     )
+
+    events: ClassVar[frozenset[Trigger]] = frozenset({Trigger.GPU_MODULE, Trigger.GPU_NODE})
 
     def evaluate(self, host: Host) -> Iterable[Finding]:
         containers, note = find_containers(host)
@@ -427,6 +346,99 @@ class LxcDeviceMajors(Check):
             )
 
 
+    # -- the fix --------------------------------------------------------------------------
+
+    def remediate(
+        self, host: Host, findings: Sequence[Finding], context: FixContext
+    ) -> list[Remedy]:
+        """Point each stale allow rule at the device's current major; advise a restart."""
+        remedies: list[Remedy] = []
+        planned: dict[tuple[str, int], str] = {}
+        inserted: set[tuple[str, str]] = set()
+        for finding in findings:
+            ev = evidence(finding)
+            config, rule = ev.get("config", ""), ev.get("rule", "").strip()
+            stale, current = ev.get("allowed_major", ""), ev.get("current_major", "")
+            flavour: Flavour = "proxmox" if ev.get("flavour") == "proxmox" else "lxc"
+            if not (config.startswith("/") and current.isdigit()):
+                continue
+            try:
+                text = host.read_text(config)
+            except OSError:
+                continue
+            real = host.resolve(config)
+            section = parse_main_section(text, flavour)
+            notes: list[str] = []
+            steps: list[Step] = []
+            if rule and stale.isdigit():
+                for line in section.entries(*ALLOW_KEYS):
+                    new = _with_major(line, int(stale), current)
+                    if new is None or line.text.strip() != rule or "\ufffd" in line.text:
+                        continue
+                    if planned.get((real, line.number), new) != new:
+                        notes.append(f"line {line.number} also serves another device: add an "
+                                     f"allow rule for {ev.get('device', '')} (major {current}) "
+                                     "by hand")
+                        continue
+                    if (real, line.number) not in planned:
+                        planned[(real, line.number)] = new
+                        steps.append(ReplaceLine(real, line.number, line.text, new))
+            if not rule:
+                # No single stale rule to rewrite: add one for the current major.
+                key = ev.get("allow_key", "")
+                if key not in ALLOW_KEYS:
+                    key = ALLOW_KEYS[0]
+                added = format_line(key, f"c {current}:* rwm", flavour)
+                last = next((line for line in reversed(section.lines) if line.text.strip()),
+                            None)
+                after, anchor = (last.number, last.text) if last is not None else (0, "")
+                if (real, added) not in inserted and "\ufffd" not in anchor:
+                    inserted.add((real, added))
+                    steps.append(InsertLine(real, after, anchor, added))
+            container = finding.subject
+            advice: list[Advice] = []
+            if _CONTAINER.fullmatch(container):
+                advice.append(Advice(f"restart container {container} to apply the new rule",
+                                     restart_command(flavour, container)))
+            else:
+                advice.append(Advice("restart the container to apply the new rule"))
+            if flavour == "proxmox":
+                notes.append("on Proxmox VE 8.1+, devN: entries (dev0: /dev/nvidia-uvm) pass "
+                             "the device with its current numbers at every start: the lasting "
+                             "fix")
+            remedies.append(Remedy(
+                check=self.id,
+                subject=container,
+                title=f"allow {ev.get('device', 'the device')} by its current major {current}"
+                      + (f" (was {stale})" if stale else ""),
+                persistent=tuple(steps),
+                notes=tuple(notes),
+                advice=tuple(advice),
+            ))
+        return remedies
+
+
+_CONTAINER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+#: The type and major at the start of a device rule's value (``c 509:* rwm``).
+_RULE_MAJOR = re.compile(r"[cb]\s+([0-9]+)(?=:)")
+
+
+def restart_command(flavour: str, container: str) -> tuple[str, ...]:
+    """Return the command that restarts a container so it picks up its config."""
+    if flavour == "proxmox":
+        return ("pct", "reboot", container)
+    return ("lxc-stop", "-n", container, "-r")
+
+
+def _with_major(line: ConfigLine, stale: int, current: str) -> str | None:
+    """Return an allow line naming ``stale`` as its major, with ``current`` instead; or None."""
+    match = _RULE_MAJOR.match(line.value or "")
+    if match is None or int(match.group(1)) != stale:
+        return None
+    value = line.value or ""
+    return line.with_value(value[: match.start(1)] + current + value[match.end(1):])
+
+
 def _dev_entries(section: MainSection) -> list[GpuNode]:
     nodes: list[GpuNode] = []
     for line in section.lines:
@@ -450,7 +462,7 @@ def _expand(host: Host, source: str, drivers: dict[str, list[int]]) -> list[GpuN
     if host.is_dir(source):
         # A bind of /dev/dri or /dev/nvidia-caps brings every node inside it.
         found: list[GpuNode] = []
-        for name in _listdir(host, source):
+        for name in listdir(host, source):
             numbers = host.device_numbers(posixpath.join(source, name))
             if numbers is not None:
                 found.append(GpuNode(posixpath.join(source, name), driver, numbers[0],

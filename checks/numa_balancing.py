@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import ClassVar
 
-from auditor.check import Check
+from auditor.check import Check, CheckOptions
+from auditor.checks.lib import sysctl
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity
 from auditor.parsing import kernel_cmdline_params
+from auditor.remediations.steps import FixContext, Remedy, ReplaceLine, SetValue, Step, WriteFile
 
 SYSCTL_KEY = "kernel.numa_balancing"
 RUNTIME_PATH = "/proc/sys/kernel/numa_balancing"
-#: Directories systemd-sysctl reads, in priority order: a file name in an earlier
-#: directory masks the same name in a later one.
-SYSCTL_DIRS = ("/etc/sysctl.d", "/run/sysctl.d", "/usr/local/lib/sysctl.d", "/usr/lib/sysctl.d")
-SYSCTL_CONF = "/etc/sysctl.conf"
 CMDLINE_PATH = "/proc/cmdline"
 OSRELEASE_PATH = "/proc/sys/kernel/osrelease"
 #: The kernel's build configuration, which says whether balancing starts on.
@@ -27,18 +25,6 @@ MODES = {
     "2": "memory tiering (NUMA_BALANCING_MEMORY_TIERING)",
     "3": "enabled with memory tiering",
 }
-
-
-def sysctl_files(host: Host) -> list[str]:
-    """Return the sysctl files boot applies, in the order they are applied."""
-    chosen: dict[str, str] = {}
-    for directory in SYSCTL_DIRS:
-        for path in host.glob(f"{directory}/*.conf"):
-            chosen.setdefault(path.rsplit("/", 1)[1], path)
-    ordered = [chosen[name] for name in sorted(chosen)]
-    if host.exists(SYSCTL_CONF):
-        ordered.append(SYSCTL_CONF)
-    return ordered
 
 
 def default_enabled(host: Host) -> bool:
@@ -54,28 +40,20 @@ def default_enabled(host: Host) -> bool:
     return config is None or "# CONFIG_NUMA_BALANCING_DEFAULT_ENABLED is not set" not in config
 
 
-def boot_value(host: Host, key: str) -> tuple[str, str] | None:
-    """Return (value, file:line) that boot would apply last for a sysctl key, or None."""
-    result: tuple[str, str] | None = None
-    wanted = key.replace("/", ".")
-    for path in sysctl_files(host):
-        text = host.read_optional(path)
-        if text is None:
-            continue
-        for number, raw in enumerate(text.splitlines(), start=1):
-            line = raw.strip()
-            if not line or line[0] in "#;":
-                continue
-            name, sep, value = line.partition("=")
-            if not sep:
-                continue
-            name = name.strip().lstrip("-").replace("/", ".")
-            if name == wanted:
-                result = (value.strip(), f"{path}:{number}")
-    return result
+#: The drop-in written when no file sets the key: it sorts after the usual
+#: ``99-*.conf`` names. /etc/sysctl.conf is applied after every drop-in, so a
+#: line there is changed instead of being outvoted.
+DROP_IN = "/etc/sysctl.d/99-zz-host-auditor-numa.conf"
 
 
-class NumaBalancing(Check):
+def _zeroed(raw: str) -> str:
+    """Return a setting line with its value replaced by 0, keeping its key and spacing."""
+    left, _, right = raw.partition("=")
+    spacing = right[: len(right) - len(right.lstrip())]
+    return f"{left}={spacing}0"
+
+
+class NumaBalancing(Check[CheckOptions]):
     """Automatic NUMA balancing migrates pages under a pinned inference server."""
 
     id: ClassVar[str] = "numa.balancing"
@@ -84,8 +62,7 @@ class NumaBalancing(Check):
         RUNTIME_PATH,
         "/sys/devices/system/node/node*",
         "/sys/devices/system/node/online",
-        *(f"{d}/*.conf" for d in SYSCTL_DIRS),
-        SYSCTL_CONF,
+        *sysctl.READS,
         CMDLINE_PATH,
         OSRELEASE_PATH,
         KERNEL_CONFIGS,
@@ -104,7 +81,8 @@ class NumaBalancing(Check):
     def evaluate(self, host: Host) -> Iterable[Finding]:
         runtime = host.read_optional(RUNTIME_PATH)
         nodes = [p for p in host.glob("/sys/devices/system/node/node*") if p[-1].isdigit()]
-        boot = boot_value(host, SYSCTL_KEY)
+        setting = sysctl.boot_value(host, SYSCTL_KEY)
+        boot = (setting.value, setting.where) if setting is not None else None
         evidence = {"nodes": str(len(nodes)), "runtime": runtime or ""}
         if boot is not None:
             evidence["boot_value"] = boot[0]
@@ -161,3 +139,57 @@ class NumaBalancing(Check):
                 "kernel", f"automatic NUMA balancing is disabled on {len(nodes)} nodes{kept}",
                 observed=runtime, expected="0", evidence=evidence,
             )
+
+    def remediate(
+        self, host: Host, findings: Sequence[Finding], context: FixContext
+    ) -> list[Remedy]:
+        """Set kernel.numa_balancing to 0 now and in the boot configuration."""
+        if not findings:
+            return []
+        runtime: tuple[Step, ...] = ()
+        current = host.read_optional(RUNTIME_PATH)
+        if current is not None and current != "0":
+            runtime = (SetValue(RUNTIME_PATH, "0", sysctl=SYSCTL_KEY),)
+        persistent: list[Step] = []
+        notes: list[str] = []
+        setters = sysctl.settings(host, SYSCTL_KEY)
+        seen: set[tuple[str, int]] = set()
+        masks: dict[str, str] = {}
+        for setting in setters:
+            if setting.value == "0":
+                continue
+            if "\ufffd" in setting.raw:
+                notes.append(f"{setting.where} is not valid UTF-8: set it to 0 by hand")
+                continue
+            real = host.resolve(setting.path)
+            if real.startswith("/etc/"):
+                if (real, setting.line) not in seen:
+                    seen.add((real, setting.line))
+                    persistent.append(ReplaceLine(real, setting.line, setting.raw,
+                                                  _zeroed(setting.raw)))
+            else:
+                # A vendor file (/usr/lib, /run) is masked by a same-named file in /etc/sysctl.d.
+                name = setting.path.rsplit("/", 1)[1]
+                masks[name] = masks.get(name) or host.read_text(setting.path)
+        for name, text in masks.items():
+            lines = text.split("\n")
+            for found in sysctl.settings_in(text, SYSCTL_KEY):
+                if found.value != "0":
+                    lines[found.line - 1] = _zeroed(found.raw)
+            persistent.append(WriteFile(f"/etc/sysctl.d/{name}", "\n".join(lines)))
+            notes.append(f"/etc/sysctl.d/{name} masks the vendor file of that name")
+        if not setters:
+            # Nothing sets it, so boot keeps the kernel's default (on for NUMA machines).
+            persistent.append(WriteFile(DROP_IN, f"{SYSCTL_KEY} = 0\n"))
+        if not runtime and not persistent:
+            return []
+        return [
+            Remedy(
+                check=self.id,
+                subject="kernel",
+                title="disable automatic NUMA balancing",
+                runtime=runtime,
+                persistent=tuple(persistent),
+                notes=tuple(notes),
+            )
+        ]

@@ -10,13 +10,23 @@ capability in each device's config space, found by walking the capability list.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Iterator
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
-from auditor.check import Check
+from auditor.check import Check, CheckOptions, Trigger, option
+from auditor.checks.lib import pci
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity
-from checks import pci
+from auditor.remediations.steps import (
+    FixContext,
+    Remedy,
+    RunCommand,
+    SetPciBits,
+    WriteFile,
+    evidence,
+)
 
 #: Base class / sub-class pairs (the upper 16 bits of the class code) judged as GPUs:
 #: VGA (0x0300), 3D controller (0x0302, data-centre NVIDIA parts), other display
@@ -27,6 +37,12 @@ GPU_CLASSES = frozenset({0x0300, 0x0302, 0x0380, 0x1200})
 NETWORK_BASE_CLASS = 0x02
 #: MaxReadReq encodings 110b and 111b are reserved by the PCIe spec.
 _MAX_MRRS_CODE = 5
+#: Device Control is CAP_EXP+08; MaxReadReq is bits 14:12. The fix's mask leaves
+#: MaxPayload (bits 7:5) and every other bit as the device has them.
+REGISTER = "CAP_EXP+08.w"
+UDEV_RULE = "/etc/udev/rules.d/99-host-auditor-pcie-mrrs.rules"
+_FIX_ADDRESS = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+_ID = re.compile(r"0x[0-9a-f]{4}")
 
 
 class _NotJudged(enum.Enum):
@@ -49,12 +65,21 @@ def is_gpu_class(class_code: int) -> bool:
     return (class_code >> 8) in GPU_CLASSES
 
 
+@dataclass(frozen=True)
+class MrrsOptions(CheckOptions):
+    """Options of ``pcie.mrrs``."""
+
+    min_read_request_bytes: int = option(
+        4096, choices=tuple(128 << n for n in range(_MAX_MRRS_CODE + 1)),
+        help="the least MaxReadReq (bytes) a GPU or NIC endpoint may run with")
+
+
 def mrrs_setpci_value(size: int) -> str:
     """Return the Device Control value:mask that sets MaxReadReq to ``size`` bytes."""
     return f"{(size.bit_length() - 8) << 12:04x}:7000"
 
 
-class PcieMrrs(Check):
+class PcieMrrs(Check[MrrsOptions]):
     """GPUs and NICs need a 4096-byte PCIe MaxReadReq and a link trained to full width."""
 
     id: ClassVar[str] = "pcie.mrrs"
@@ -83,14 +108,11 @@ class PcieMrrs(Check):
         "it in the BIOS. A link below its maximum width needs hardware attention (reseat, "
         "riser, slot bifurcation), not software."
     )
-    defaults: ClassVar[dict[str, int]] = {"min_read_request_bytes": 4096}
+    options_type: ClassVar[type[CheckOptions]] = MrrsOptions
+    events: ClassVar[frozenset[Trigger]] = frozenset({Trigger.PCI})
 
     def evaluate(self, host: Host) -> Iterable[Finding]:
-        target = int(self.options["min_read_request_bytes"])
-        if target not in {128 << n for n in range(_MAX_MRRS_CODE + 1)}:
-            raise ValueError(
-                f"min_read_request_bytes must be a power of two from 128 to 4096, got {target}"
-            )
+        target = self.options.min_read_request_bytes
         findings: list[Finding] = []
         candidates = not_pcie = not_endpoint = 0
         for address in pci.pci_addresses(host):
@@ -219,3 +241,59 @@ class PcieMrrs(Check):
                 expected=f"{pci.link_speed_name(cap.max_link_speed)} x{cap.max_link_width}",
                 evidence={**evidence, "problem": "link"},
             )
+
+    # -- the fix --------------------------------------------------------------------------
+
+    def remediate(
+        self, host: Host, findings: Sequence[Finding], context: FixContext
+    ) -> list[Remedy]:
+        """Set MaxReadReq on each device found short, and add a udev rule that keeps it."""
+        target = self.options.min_read_request_bytes
+        value, mask = mrrs_setpci_value(target).split(":")
+        remedies: list[Remedy] = []
+        rules: list[str] = []
+        # udev runs RUN+= programs by absolute path: pciutils puts setpci in /usr/bin on
+        # Debian-like systems and in /usr/sbin on RHEL-like ones.
+        ids = {context.os_release.get("ID", ""), *context.os_release.get("ID_LIKE", "").split()}
+        setpci = "/usr/sbin/setpci" if ids & {"rhel", "centos", "rocky", "almalinux", "ol"} else (
+            "/usr/bin/setpci")
+        for finding in findings:
+            address = finding.subject.lower()
+            ev = evidence(finding)
+            # A downtrained link (problem "link") is a warning no software setting fixes.
+            if not _FIX_ADDRESS.fullmatch(address) or ev.get("problem", "mrrs") != "mrrs":
+                continue
+            match = ['ACTION=="add"', 'SUBSYSTEM=="pci"', f'KERNEL=="{address}"']
+            vendor, device = ev.get("vendor", "").lower(), ev.get("device", "").lower()
+            if not (_ID.fullmatch(vendor) and _ID.fullmatch(device)):
+                vendor, device = _sysfs_id(host, address, "vendor"), _sysfs_id(host, address,
+                                                                               "device")
+            if vendor and device:
+                match += [f'ATTR{{vendor}}=="{vendor}"', f'ATTR{{device}}=="{device}"']
+            rules.append(", ".join(match)
+                         + f', RUN+="{setpci} -s $kernel {REGISTER}={value}:{mask}"')
+            remedies.append(Remedy(
+                check=self.id,
+                subject=address,
+                title=f"MaxReadReq {target} on {address}",
+                runtime=(SetPciBits(address, REGISTER, value, mask),),
+            ))
+        if rules:
+            content = (f"# Written by host-auditor: PCIe MaxReadReq {target} (MaxPayload "
+                       "untouched).\n" + "\n".join(rules) + "\n")
+            remedies.append(Remedy(
+                check=self.id,
+                subject="udev",
+                title=f"keep MaxReadReq {target} when the devices are added at boot",
+                persistent=(
+                    WriteFile(UDEV_RULE, content),
+                    RunCommand(("udevadm", "control", "--reload-rules"), after=(0,),
+                               undo=("udevadm", "control", "--reload-rules"), optional=True),
+                ),
+            ))
+        return remedies
+
+
+def _sysfs_id(host: Host, address: str, name: str) -> str:
+    value = (host.read_optional(f"{pci.PCI_DEVICES}/{address}/{name}") or "").lower()
+    return value if _ID.fullmatch(value) else ""

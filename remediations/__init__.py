@@ -1,32 +1,3 @@
-"""Remediations: turn findings into runtime, persistent and rollback steps.
-
-One module per kind of fix; :func:`remediations` maps check ids to them.
-"""
-
-from __future__ import annotations
-
-from remediations.base import Remediation
-
-
-def remediations() -> dict[str, Remediation]:
-    """Return the remediation for each check id that has one."""
-    from remediations import cstates, governor, kernel, lxc, numa, pcie
-
-    return {
-        "numa.balancing": numa.remediate,
-        "cpu.governor": governor.remediate,
-        "cpu.cstates": cstates.remediate,
-        "pcie.mrrs": pcie.remediate,
-        "lxc.device_majors": lxc.remediate,
-        "kernel.version": kernel.remediate,
-    }
-
-
-def remediation_reads() -> tuple[str, ...]:
-    """Return the path patterns remediations read beyond what the checks read."""
-    from remediations import boot, cstates, governor, kernel, lxc, numa, pcie
-
-    reads: list[str] = ["/proc/sys/kernel/hostname", "/etc/hostname", "/etc/machine-id"]
-    for module in (boot, cstates, governor, kernel, lxc, numa, pcie):
-        reads.extend(module.READS)
-    return tuple(dict.fromkeys(reads))
+"""The verbs of a fix: step kinds and remedies (``steps``), and the boot command line edit
+(``boot``) every check that needs a kernel parameter shares. A check's own remedies live
+in its module, in its ``remediate``."""

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 
 from auditor.hosts.base import Host
 from auditor.parsing import kernel_cmdline_params
-from remediations.base import AppendLine, Remedy, ReplaceLine, RunCommand, Step
+from auditor.remediations.steps import AppendLine, Remedy, ReplaceLine, RunCommand, Step
 
 GRUB_DEFAULT = "/etc/default/grub"
 GRUB_DROP_INS = "/etc/default/grub.d/*.cfg"
@@ -23,8 +23,9 @@ KERNEL_CMDLINE = "/etc/kernel/cmdline"
 PROXMOX_BOOT_UUIDS = "/etc/kernel/proxmox-boot-uuids"
 GRUB_VARIABLE = "GRUB_CMDLINE_LINUX_DEFAULT"
 
-READS: tuple[str, ...] = (GRUB_DEFAULT, GRUB_DROP_INS, KERNEL_CMDLINE, PROXMOX_BOOT_UUIDS,
-                          "/proc/cmdline")
+#: What planning a boot command line edit reads (every fix may need one).
+BOOT_READS: tuple[str, ...] = (GRUB_DEFAULT, GRUB_DROP_INS, KERNEL_CMDLINE, PROXMOX_BOOT_UUIDS,
+                               "/proc/cmdline")
 
 _GRUB_LINE = re.compile(
     r"^(?P<head>\s*(?:export\s+)?" + GRUB_VARIABLE + r"=)"

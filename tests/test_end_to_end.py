@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from auditor.cli import main
-from tests.fixkit import needs_root, run, tree_hash
-from tests.hostgen import FIXED_BY_SCRIPT, HostSpec, build_host
+from tests.support.fixkit import needs_root, run, tree_hash
+from tests.support.hostgen import FIXED_BY_SCRIPT, HostSpec, build_host
 
 GPUS = [f"0000:{0x18 + i * 0x10:02x}:00.0" for i in range(8)]
 NICS = [f"0000:{0x1a + i * 0x20:02x}:00.0" for i in range(4)]

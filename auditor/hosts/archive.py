@@ -13,7 +13,7 @@ import posixpath
 import tarfile
 
 from auditor.errors import SnapshotError
-from auditor.hosts.base import Entry, Host
+from auditor.hosts.base import Entry, Host, HostKind
 from auditor.hosts.tarindex import Member, fast_index
 
 #: tarfile's member types that map straight to an entry kind (regular files aside).
@@ -45,7 +45,7 @@ def _decompress(raw: bytes, label: str) -> bytes:
 class ArchiveHost(Host):
     """A host's files read from a tar archive held in memory."""
 
-    kind = "sysroot"
+    kind: HostKind = "sysroot"
 
     def __init__(self, data: bytes, label: str, name: str | None = None) -> None:
         self.target = f"sysroot:{label}"

@@ -10,11 +10,26 @@ import fnmatch
 import posixpath
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 EntryKind = Literal["file", "dir", "link", "chr", "blk", "other"]
+#: ``local``: the machine this runs on; ``ssh``: a remote machine's own ``/``;
+#: ``sysroot``: a tree of a host's files (a directory, a capture, a directory on a
+#: remote machine), not a booted system.
+HostKind = Literal["local", "ssh", "sysroot"]
 
 _MAX_LINKS = 40
+
+
+@dataclass(frozen=True)
+class ScriptResult:
+    """What running a script on a host returned: its exit status and its output."""
+
+    returncode: int
+    output: str
 
 
 @dataclass(frozen=True)
@@ -34,8 +49,10 @@ class Host(ABC):
     name: str
     #: What was asked for: ``local``, ``ssh://user@host:22``, ``sysroot:/path``.
     target: str
-    #: ``local``, ``ssh`` or ``sysroot``.
-    kind: str
+    kind: HostKind
+    #: The sysroot directory a fix changes (on the machine that runs the fix), or None
+    #: for a booted machine and for a capture, which cannot be changed in place.
+    root: str | None = None
 
     # -- primitives a backend provides -------------------------------------------------
 
@@ -56,6 +73,17 @@ class Host(ABC):
     def processes(self) -> frozenset[str] | None:
         """Return the names of running processes, or None where they cannot be seen."""
         return None
+
+    def run_script(self, script: str, *, sudo: bool = False) -> ScriptResult:
+        """Run a bash script where the host is (the fix), return its status and output.
+
+        A capability: only hosts that can be changed (this machine, a sysroot directory,
+        a remote host over its open connection) have it.
+        """
+        from auditor.errors import UsageError
+
+        raise UsageError(f"{self.target}: cannot run a fix here: a capture cannot be changed "
+                         "in place; unpack it (tar -xzf) and pass the directory to --root")
 
     def resolve(self, path: str) -> str:
         """Return ``path`` with every symlink followed, never leaving the host's root."""
@@ -197,7 +225,7 @@ class Host(ABC):
     def close(self) -> None:  # noqa: B027 - most backends hold nothing
         """Release what the host holds (connections, open archives)."""
 
-    def __enter__(self) -> Host:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

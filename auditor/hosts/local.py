@@ -6,8 +6,10 @@ import glob as globlib
 import os
 import socket
 import stat
+import subprocess
+import tempfile
 
-from auditor.hosts.base import Entry, Host
+from auditor.hosts.base import Entry, Host, HostKind, ScriptResult
 
 
 def _entry_from_stat(st: os.stat_result, path: str) -> Entry:
@@ -31,13 +33,27 @@ def _read_file(real: str, limit: int) -> bytes:
         return handle.read(limit)
 
 
+def run_bash(script: str) -> ScriptResult:
+    """Run a script with this machine's bash; return its status and its output (stderr too)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".sh", prefix="host-auditor-fix-",
+                                     delete=False, encoding="utf-8") as handle:
+        handle.write(script)
+        path = handle.name
+    try:
+        proc = subprocess.run(["bash", path], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, errors="replace", check=False)
+    finally:
+        os.unlink(path)
+    return ScriptResult(proc.returncode, proc.stdout)
+
+
 class DirectoryHost(Host):
     """A sysroot unpacked in a directory: the host's files at their paths below ``root``."""
 
-    kind = "sysroot"
+    kind: HostKind = "sysroot"
 
     def __init__(self, root: str, name: str | None = None) -> None:
-        self.root = os.path.abspath(root)
+        self.root: str = os.path.abspath(root)
         self.target = f"sysroot:{self.root}"
         self._cache: dict[str, Entry | None] = {}
         self.name = name or self.read_optional("/etc/hostname") or os.path.basename(self.root)
@@ -64,11 +80,15 @@ class DirectoryHost(Host):
     def _listdir_resolved(self, path: str) -> list[str]:
         return os.listdir(self._real(path))
 
+    def run_script(self, script: str, *, sudo: bool = False) -> ScriptResult:
+        """Run a fix script made for this sysroot with this machine's bash."""
+        return run_bash(script)
+
 
 class LocalHost(Host):
     """The machine this process runs on, read straight from its filesystem."""
 
-    kind = "local"
+    kind: HostKind = "local"
     target = "local"
 
     def __init__(self) -> None:
@@ -97,6 +117,10 @@ class LocalHost(Host):
 
     def glob(self, pattern: str) -> list[str]:
         return sorted(globlib.glob(pattern))
+
+    def run_script(self, script: str, *, sudo: bool = False) -> ScriptResult:
+        """Run a fix script with this machine's bash (as the user running ``audit``)."""
+        return run_bash(script)
 
     def processes(self) -> frozenset[str] | None:
         """Return the names of running processes, as psutil sees them."""

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.sshd import Sshd, SshLab
+from tests.support.sshd import Sshd, SshLab
 
 # Test users, named per process so that test runs side by side do not share them:
 # password-less sudo; no sudo; no python3 on its PATH; a session killed at once.

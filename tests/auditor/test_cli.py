@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from auditor.cli import main
-from tests.conftest import CAPTURES, Sysroot
+from tests.support.sysroot import CAPTURES, Sysroot
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "auditor.cli", *args], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "auditor", *args], capture_output=True, text=True, timeout=120
     )
 
 

@@ -18,15 +18,15 @@ from typing import Any
 import pytest
 
 from auditor.cli import main
-from auditor.cli_host import render_fleet
 from auditor.hosts.ssh import SshTarget
 from auditor.inventory import expand_range, load_inventory, parse_ini, parse_yaml
 from auditor.model import CheckResult, Report, Status
+from auditor.render import render_fleet_table
 from tests.auditor.conftest import NOPY, NOSUDO, SUDO, SshEnv
-from tests.conftest import make_finding
-from tests.fixkit import tree_hash
-from tests.hostgen import FIXED_BY_SCRIPT, build_host
-from tests.sshd import SilentListener, Sshd, free_port, netns, netns_available
+from tests.support.factories import make_finding
+from tests.support.fixkit import tree_hash
+from tests.support.hostgen import FIXED_BY_SCRIPT, build_host
+from tests.support.sshd import SilentListener, Sshd, free_port, netns, netns_available
 
 ssh = pytest.mark.ssh
 
@@ -233,7 +233,7 @@ def test_fleet_table_lists_every_host_and_check() -> None:
     ))
     down = Report("gpu-02", "ssh://root@gpu-02:22", "", 0.1, (),
                   error="gpu-02: connection timed out after 10 s")
-    text = render_fleet([ok, down])
+    text = render_fleet_table([ok, down])
     lines = text.splitlines()
     assert lines[0].startswith("Fleet: 2 hosts") and "1 unreachable" in lines[0]
     header = next(line for line in lines if "HOST" in line)
@@ -399,7 +399,7 @@ def test_proxyjump_checks_the_jump_hosts_key_too(
 
 def test_progress_bar_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch,
                                          capsys: pytest.CaptureFixture[str]) -> None:
-    from auditor.cli_host import _progress
+    from auditor.cli.host import _progress
 
     advance, stop = _progress(3)
     assert advance is None  # stderr is captured, not a terminal

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from auditor.cli import main
-from auditor.fix import Action, FixPlan, Section, default_rollback_path
+from auditor.cli.fix import default_rollback_path
+from auditor.fix import Action, FixPlan, Section
 from auditor.model import Status
-from remediations.base import Remedy, WriteFile
-from tests.conftest import Sysroot
-from tests.fixkit import (
+from auditor.remediations.steps import Remedy, WriteFile
+from tests.support.fixkit import (
     EVIL,
     assert_idempotent_and_reversible,
     audit_root,
@@ -28,7 +28,7 @@ from tests.fixkit import (
     tree_hash,
     write_scripts,
 )
-from tests.remediations.plant import (
+from tests.support.plant import (
     GPU,
     mrrs,
     plant_cpufreq,
@@ -39,6 +39,7 @@ from tests.remediations.plant import (
     plant_numa,
     plant_old_kernel,
 )
+from tests.support.sysroot import Sysroot
 
 FIXED_CHECKS = ("numa.balancing", "cpu.governor", "cpu.cstates", "pcie.mrrs",
                 "lxc.device_majors")
@@ -223,7 +224,7 @@ def test_cli_refuses_a_tar_capture_for_a_fix(
 @pytest.mark.root
 @needs_root
 def test_live_script_on_this_machine_fixes_and_rolls_back_a_file(tmp_path: Path) -> None:
-    from remediations.base import RunCommand
+    from auditor.remediations.steps import RunCommand
 
     hostname = Path("/proc/sys/kernel/hostname").read_text().strip()
     machine_id = Path("/etc/machine-id").read_text().strip() if Path(

@@ -16,10 +16,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from auditor.cli import main
-from auditor.fleet import fingerprint, golden_diff, load_results
-from auditor.model import Report
+from auditor.fleet import golden_diff
+from auditor.model import Report, fingerprint
 from auditor.prom import escape_label
-from tests.conftest import Sysroot
+from auditor.results import load_results
+from tests.support.sysroot import Sysroot
 
 Results = Callable[..., Path]
 

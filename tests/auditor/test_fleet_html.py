@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from auditor.cli import main
-from tests.conftest import Sysroot
+from tests.support.sysroot import Sysroot
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [

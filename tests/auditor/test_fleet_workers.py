@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from auditor.cli import AuditOptions, main, prepare
-from auditor.cli_host import FleetAudit, worker_count
+from auditor.cli import main
+from auditor.cli.options import AuditOptions, prepare
 from auditor.hosts.ssh import parse_target
 from auditor.model import FailOn, Report
+from auditor.runner import FleetAudit, worker_count
 from tests.auditor.conftest import SshEnv
-from tests.sshd import SilentListener, Sshd, free_port
+from tests.support.sshd import SilentListener, Sshd, free_port
 
 ssh = pytest.mark.ssh
 
@@ -34,7 +35,7 @@ def test_worker_count() -> None:
 def test_reports_travel_between_processes() -> None:
     from auditor.hosts.archive import ArchiveHost
     from auditor.runner import audit
-    from tests.conftest import CAPTURES
+    from tests.support.sysroot import CAPTURES
 
     checks, policy = prepare(AuditOptions("json", None, (), (), FailOn.FAIL, None, None, False))
     report = audit(ArchiveHost.from_path(str(CAPTURES["h200"])), checks, policy)
@@ -76,21 +77,23 @@ def test_a_dead_worker_fails_only_its_unfinished_hosts(
         checks, policy = prepare(AuditOptions("json", None, (), (), FailOn.FAIL, None, None,
                                               False))
         options = ssh_env.options(timeout=30.0)
-        fleet = FleetAudit(targets, options, checks, policy, workers=2)
-        fleet.start()
-        second = fleet._processes[1][0]
+        errors: list[str] = []
+        engine = FleetAudit(targets, options, checks, policy, workers=2, on_error=errors.append)
+        engine.start()
+        second = engine._processes[1][0]
         done: list[Report] = []
         time.sleep(2)  # the second worker has audited host 1 and waits on the silent one
         second.kill()
         started = time.monotonic()
-        reports = fleet.run(done.append)
+        reports = engine.run(done.append)
     finally:
         silent.close()
     assert time.monotonic() - started < 10
     assert len(reports) == len(done) == 4
     assert [bool(r.error) for r in reports] == [False, False, False, True]
     assert "worker process auditing it ended" in str(reports[3].error)
-    assert capsys.readouterr().err.count("audit: error:") == 1
+    assert len(errors) == 1 and "worker process auditing it ended" in errors[0]
+    assert capsys.readouterr().err == ""  # the engine reports through its callback only
 
 
 @ssh

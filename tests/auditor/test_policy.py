@@ -6,23 +6,36 @@ import datetime as dt
 import json
 import subprocess
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 
-from auditor.check import Check
+from auditor.check import Check, CheckClass, CheckOptions, option
 from auditor.cli import main
 from auditor.errors import PolicyError
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity, Status
 from auditor.policy import DEFAULT_PROFILE, PROFILES, Policy, Waiver, load_policy
 from auditor.registry import load_checks
-from tests.conftest import Sysroot, make_finding
+from tests.support.factories import make_finding
+from tests.support.sysroot import Sysroot
 
 
-class Thresholds(Check):
+@dataclass(frozen=True)
+class ThresholdOptions(CheckOptions):
+    """One option of each type a policy file can set."""
+
+    limit_us: int = option(10, minimum=0, maximum=1000)
+    ratio: float = option(0.5)
+    name: str = option("performance", choices=("performance", "powersave"))
+    strict: bool = option(True)
+    allowed: tuple[str, ...] = option(("performance",))
+
+
+class Thresholds(Check[ThresholdOptions]):
     """A check with one option of each type a policy file can set."""
 
     id: ClassVar[str] = "test.thresholds"
@@ -30,19 +43,14 @@ class Thresholds(Check):
     reads: ClassVar[tuple[str, ...]] = ("/proc/version",)
     rationale: ClassVar[str] = "unit tests"
     remedy: ClassVar[str] = "none"
-    defaults: ClassVar[Mapping[str, Any]] = {
-        "limit_us": 10,
-        "ratio": 0.5,
-        "name": "performance",
-        "strict": True,
-        "allowed": ("performance",),
-    }
+    options_type: ClassVar[type[CheckOptions]] = ThresholdOptions
+    profiles: ClassVar[dict[str, dict[str, object]]] = {"latency": {"limit_us": 2}}
 
     def evaluate(self, host: Host) -> Iterable[Finding]:
         yield self.passed("kernel", "ok")
 
 
-CHECKS: list[type[Check]] = [Thresholds, *load_checks()]
+CHECKS: list[CheckClass] = [Thresholds, *load_checks()]
 
 
 def write_policy(tmp_path: Path, text: str) -> str:
@@ -58,40 +66,30 @@ def test_default_profile_is_gpu_inference() -> None:
     assert load_policy(CHECKS).profile == DEFAULT_PROFILE == "gpu-inference"
 
 
-def test_profiles_differ_where_they_say_they_do() -> None:
-    latency, throughput = PROFILES["latency"], PROFILES["throughput"]
-    lat = latency["cpu.cstates"]["max_exit_latency_us"]
-    thr = throughput["cpu.cstates"]["max_exit_latency_us"]
-    default = PROFILES["gpu-inference"]["cpu.cstates"]["max_exit_latency_us"]
-    assert lat < default < thr
+def test_a_profile_lays_its_values_over_the_defaults() -> None:
+    assert load_policy(CHECKS).options_for(Thresholds) == ThresholdOptions()
+    latency = load_policy(CHECKS, profile="latency").options_for(Thresholds)
+    assert latency == ThresholdOptions(limit_us=2)
+    assert load_policy(CHECKS, profile="throughput").options_for(Thresholds) == (
+        ThresholdOptions())
 
 
-CONTRACT = {
-    ("cpu.cstates", "max_exit_latency_us"),
-    ("pcie.mrrs", "min_read_request_bytes"),
-    ("kernel.version", "minimum"),
-    ("cpu.governor", "governor"),
-}
+def test_cstate_profiles_differ_where_they_say_they_do() -> None:
+    cstates = next(c for c in load_checks() if c.id == "cpu.cstates")
+
+    def limit(profile: str) -> int:
+        options = load_policy([cstates], profile=profile).options_for(cstates)
+        return int(options.to_dict()["max_exit_latency_us"])
+
+    assert limit("latency") < limit("gpu-inference") < limit("throughput")
 
 
-@pytest.mark.parametrize("name", sorted(PROFILES))
-def test_profiles_name_only_contract_keys(name: str) -> None:
-    used = {(check, key) for check, values in PROFILES[name].items() for key in values}
-    assert used <= CONTRACT
-
-
-@pytest.mark.parametrize(
-    ("name", "check_id", "key"),
-    [(n, c, k) for n in sorted(PROFILES) for c, values in PROFILES[n].items() for k in values],
-)
-def test_profile_keys_are_options_the_checks_define(name: str, check_id: str, key: str) -> None:
-    registered = {c.id: c for c in load_checks()}
-    if check_id not in registered:
-        pytest.skip(f"{check_id} is not registered in this build")
-    assert key in registered[check_id].defaults
-    # and the loader accepts the profile's value for the check's option type
-    policy = load_policy(list(registered.values()), profile=name)
-    assert key in policy.options[check_id]
+@pytest.mark.parametrize("check", load_checks(), ids=lambda c: c.id)
+@pytest.mark.parametrize("profile", PROFILES)
+def test_every_profile_loads_for_every_check(check: CheckClass, profile: str) -> None:
+    options = load_policy([check], profile=profile).options_for(check)
+    assert isinstance(options, check.options_type)
+    assert set(options.to_dict()) == set(check.options_type.specs())
 
 
 def test_unknown_profile_is_a_policy_error() -> None:
@@ -114,11 +112,8 @@ def test_overrides_typed_and_merged_over_defaults(tmp_path: Path) -> None:
         '[checks."test.thresholds"]\nlimit_us = 3\nratio = 1\nallowed = "powersave"\n',
     )
     options = load_policy(CHECKS, path).options_for(Thresholds)
-    assert options == {
-        "limit_us": 3, "ratio": 1.0, "name": "performance", "strict": True,
-        "allowed": ("powersave",),
-    }
-    assert isinstance(options["ratio"], float)
+    assert options == ThresholdOptions(limit_us=3, ratio=1.0, allowed=("powersave",))
+    assert isinstance(options.to_dict()["ratio"], float)
 
 
 @pytest.mark.parametrize(
@@ -128,7 +123,11 @@ def test_overrides_typed_and_merged_over_defaults(tmp_path: Path) -> None:
         ('[checks."test.thresholds"]\nlimit_us = true\n', "limit_us must be an integer"),
         ('[checks."test.thresholds"]\nstrict = 1\n', "strict must be a boolean"),
         ('[checks."test.thresholds"]\nallowed = [1, 2]\n', "allowed must be a list"),
-        ('[checks."test.thresholds"]\nname = ["a"]\n', "name must be a string"),
+        ('[checks."test.thresholds"]\nlimit_us = 3000\n',
+         "test.thresholds.limit_us must be an integer from 0 to 1000, got 3000"),
+        ('[checks."test.thresholds"]\nname = "turbo"\n',
+         "name must be one of performance, powersave, got 'turbo'"),
+        ('[checks."test.thresholds"]\nname = ["a"]\n', "name must be one of"),
         ('[checks."test.thresholds"]\nnope = 1\n', "has no option 'nope'"),
         ('[checks."no.such"]\nx = 1\n', "unknown check id 'no.such'"),
         ("[checks.test.thresholds]\nlimit_us = 1\n", 'quote a dotted id'),
@@ -296,7 +295,7 @@ def test_waiver_for_another_host_does_not_apply(
 def test_bad_policy_file_exits_2_with_one_line(tmp_path: Path, body: str) -> None:
     policy = write_policy(tmp_path, body)
     proc = subprocess.run(
-        [sys.executable, "-m", "auditor.cli", "local", "--policy", policy],
+        [sys.executable, "-m", "auditor", "local", "--policy", policy],
         capture_output=True, text=True, check=False,
     )
     assert proc.returncode == 2

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from auditor.checks.numa_balancing import NumaBalancing
 from auditor.errors import UsageError
 from auditor.model import Severity
 from auditor.registry import RegistryError, load_checks, select, validate
-from checks.numa_balancing import NumaBalancing
 
 
 def test_builtin_checks_are_valid_and_unique() -> None:

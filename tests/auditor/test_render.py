@@ -12,7 +12,8 @@ import pytest
 
 from auditor.model import CheckResult, FailOn, Report, Status
 from auditor.render import FORMATS, make_environment, render_report, render_reports, shell_quote
-from tests.conftest import Sysroot, make_finding
+from tests.support.factories import make_finding
+from tests.support.sysroot import Sysroot
 
 HOSTILE = "0000:41:00.0\n$(touch /tmp/pwned)</td><script>alert(1)</script>\x01"
 

@@ -9,13 +9,13 @@ from typing import ClassVar
 import pytest
 
 from auditor.check import Check
+from auditor.checks.numa_balancing import NumaBalancing
 from auditor.hosts import DirectoryHost
 from auditor.hosts.base import Host
 from auditor.model import FailOn, Finding, Severity, Status
 from auditor.policy import Policy
 from auditor.runner import audit
-from checks.numa_balancing import NumaBalancing
-from tests.conftest import Sysroot
+from tests.support.sysroot import Sysroot
 
 
 class Exploding(Check):

@@ -15,13 +15,18 @@ from typing import ClassVar
 
 import pytest
 
-from auditor.check import Check
+from auditor.check import Check, Trigger
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity, Status
 from auditor.policy import Policy
 from auditor.registry import load_checks
-from auditor.watch import DeviceEvent, affected_checks, changes, watch
-from tests.conftest import make_finding
+from auditor.watch import DeviceEvent, changes, watch
+from auditor.watch import affected_checks as affected_by
+from tests.support.factories import make_finding
+
+
+def affected_checks(event: DeviceEvent) -> frozenset[str]:
+    return affected_by(event, load_checks())
 
 UDEVD = next((p for p in ("/lib/systemd/systemd-udevd", "/usr/lib/systemd/systemd-udevd")
               if os.path.exists(p)), None)
@@ -149,6 +154,7 @@ class CountingMrrs(Check):
     rationale: ClassVar[str] = "tests"
     remedy: ClassVar[str] = "none"
     runs: ClassVar[int] = 0
+    events: ClassVar[frozenset[Trigger]] = frozenset({Trigger.PCI})
 
     def evaluate(self, host: Host) -> Iterable[Finding]:
         type(self).runs += 1

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
+from auditor.checks.cpu_cstates import CpuCstates
 from auditor.cli import main
 from auditor.hosts import DirectoryHost
 from auditor.hosts.archive import ArchiveHost
 from auditor.model import Finding, Status
-from checks.cpu_cstates import CpuCstates
-from tests.conftest import Sysroot
+from tests.support.sysroot import Sysroot
 
 CPU = "/sys/devices/system/cpu"
 INTEL = [("POLL", 0), ("C1", 2), ("C1E", 10), ("C6", 170)]
@@ -44,7 +44,7 @@ def plant_states(
 
 
 def findings(root: Sysroot, **options: Any) -> list[Finding]:
-    return list(CpuCstates(options).evaluate(DirectoryHost(str(root.root))))
+    return list(CpuCstates.configured(**options).evaluate(DirectoryHost(str(root.root))))
 
 
 def fails(found: list[Finding]) -> dict[str, Finding]:

@@ -15,13 +15,14 @@ from typing import Any
 
 import pytest
 
+from auditor.checks.cpu_governor import CpuGovernor
+from auditor.checks.lib.cpufreq import parse_cpu_numbers, parse_khz
 from auditor.cli import main
 from auditor.hosts import DirectoryHost, LocalHost
 from auditor.hosts.archive import ArchiveHost
 from auditor.model import Finding, Status
 from auditor.parsing import format_cpulist
-from checks.cpu_governor import CpuGovernor, parse_cpu_numbers, parse_khz
-from tests.conftest import Sysroot
+from tests.support.sysroot import Sysroot
 
 CPUFREQ = "/sys/devices/system/cpu/cpufreq"
 ACPI_GOVERNORS = "conservative ondemand userspace powersave performance schedutil"
@@ -62,7 +63,7 @@ def plant_policies(
 
 
 def findings(root: Sysroot, **options: Any) -> list[Finding]:
-    return list(CpuGovernor(options).evaluate(DirectoryHost(str(root.root))))
+    return list(CpuGovernor.configured(**options).evaluate(DirectoryHost(str(root.root))))
 
 
 def by_status(found: list[Finding], status: Status) -> list[Finding]:
@@ -488,7 +489,7 @@ def test_cli_json_for_a_failing_capture(
 
 def test_live_host_audit_does_not_error() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "auditor.cli", "local", "--format", "json",
+        [sys.executable, "-m", "auditor", "local", "--format", "json",
          "--check", "cpu.governor", "--check", "cpu.cstates"],
         capture_output=True, text=True, timeout=60, check=False,
         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),

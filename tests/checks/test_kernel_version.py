@@ -7,18 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from auditor.cli import main
-from auditor.hosts import DirectoryHost
-from auditor.model import Finding, Status
-from checks.kernel_version import (
+from auditor.checks.kernel_version import (
     KernelVersion,
     installed_kernels,
     is_blackwell,
     newest_installed,
     nvidia_driver,
 )
-from tests.checks.recording import RecordingHost, undeclared
-from tests.conftest import Sysroot
+from auditor.cli import main
+from auditor.hosts import DirectoryHost
+from auditor.model import Finding, Status
+from tests.support.recording import RecordingHost, undeclared
+from tests.support.sysroot import Sysroot
 
 GPU_DIR = "/sys/devices/pci0000:00/0000:00:06.0"
 OPEN_580 = (
@@ -32,7 +32,7 @@ PROPRIETARY_550 = (
 
 
 def run(root: Sysroot, **options: str) -> dict[str, Finding]:
-    findings = list(KernelVersion(options).evaluate(DirectoryHost(str(root.root))))
+    findings = list(KernelVersion.configured(**options).evaluate(DirectoryHost(str(root.root))))
     assert [f.subject for f in findings] == ["kernel", "nvidia-driver"]
     return {f.subject: f for f in findings}
 

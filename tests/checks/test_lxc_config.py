@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from checks.lxc_config import (
+from auditor.checks.lib.lxc_config import (
     ConfigLine,
     DeviceRule,
     format_line,

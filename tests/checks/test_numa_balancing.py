@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from auditor.checks.lib.sysctl import Setting
+from auditor.checks.lib.sysctl import boot_value as boot_setting
+from auditor.checks.numa_balancing import NumaBalancing
 from auditor.hosts import DirectoryHost
+from auditor.hosts.base import Host
 from auditor.model import Status
-from checks.numa_balancing import NumaBalancing, boot_value
-from tests.conftest import Sysroot
+from tests.support.sysroot import Sysroot
 
 
 def add_node(root: Sysroot, index: int) -> None:
@@ -71,6 +74,11 @@ def test_boot_file_that_reverts_runtime_fix_fails(h200: Sysroot) -> None:
     [(status, message)] = verdicts(h200)
     assert status is Status.FAIL
     assert "/usr/lib/sysctl.d/50-numa.conf:1" in message
+
+
+def boot_value(host: Host, key: str) -> tuple[str, str] | None:
+    found: Setting | None = boot_setting(host, key)
+    return (found.value, found.where) if found is not None else None
 
 
 def test_boot_value_order_etc_masks_usr_lib_and_sysctl_conf_is_last(h200: Sysroot) -> None:

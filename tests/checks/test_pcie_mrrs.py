@@ -16,15 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from auditor.checks.lib import pci
+from auditor.checks.pcie_mrrs import PcieMrrs, mrrs_setpci_value
 from auditor.cli import main
+from auditor.errors import PolicyError
 from auditor.hosts import DirectoryHost
 from auditor.model import Finding, Status
-from auditor.policy import Policy
-from auditor.runner import run_check
-from checks import pci
-from checks.pcie_mrrs import PcieMrrs, mrrs_setpci_value
-from tests.checks.recording import RecordingHost, undeclared
-from tests.conftest import Sysroot
+from tests.support.recording import RecordingHost, undeclared
+from tests.support.sysroot import Sysroot
 
 GPU = "0000:00:06.0"
 GPU_DIR = "/sys/devices/pci0000:00/0000:00:06.0"
@@ -95,7 +94,7 @@ def assert_agrees_with_lspci(finding: Finding, decoded: dict[str, str]) -> None:
 
 
 def run(root: Sysroot, **options: int) -> list[Finding]:
-    return list(PcieMrrs(options).evaluate(DirectoryHost(str(root.root))))
+    return list(PcieMrrs.configured(**options).evaluate(DirectoryHost(str(root.root))))
 
 
 def by_subject(findings: list[Finding]) -> dict[str, list[Finding]]:
@@ -230,12 +229,10 @@ def test_policy_target_sets_the_threshold_and_the_fix_value(
     assert run(h200, min_read_request_bytes=target)[0].status is Status.PASS
 
 
-def test_a_target_that_is_not_an_encodable_size_is_an_error(h200: Sysroot) -> None:
-    policy = Policy(options={"pcie.mrrs": {"min_read_request_bytes": 3000}})
-    result = run_check(DirectoryHost(str(h200.root)), PcieMrrs, policy)
-    [finding] = result.findings
-    assert finding.status is Status.ERROR
-    assert "power of two" in finding.message
+def test_a_target_that_is_not_an_encodable_size_is_a_policy_error() -> None:
+    with pytest.raises(PolicyError, match="min_read_request_bytes must be one of 128, 256, "
+                       "512, 1024, 2048, 4096, got 3000"):
+        PcieMrrs.configured(min_read_request_bytes=3000)
 
 
 # -- config space that cannot be judged ----------------------------------------------------

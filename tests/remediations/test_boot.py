@@ -5,16 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from auditor.hosts import DirectoryHost
-from remediations.base import AppendLine, ReplaceLine, RunCommand
-from remediations.boot import boot_remedy, merge_params
-from tests.conftest import Sysroot
-from tests.fixkit import (
+from auditor.remediations.boot import boot_remedy, merge_params
+from auditor.remediations.steps import AppendLine, ReplaceLine, RunCommand
+from tests.support.fixkit import (
     assert_idempotent_and_reversible,
     fix_cycle,
     needs_root,
     report_of,
 )
-from tests.remediations.plant import GRUB, plant_cstates
+from tests.support.plant import GRUB, plant_cstates
+from tests.support.sysroot import Sysroot
 
 PARAMS = ["processor.max_cstate=1", "intel_idle.max_cstate=1"]
 DEBIAN = {"ID": "debian"}

@@ -6,9 +6,8 @@ import dataclasses
 import subprocess
 from pathlib import Path
 
-from auditor.fix import render_fix_script
-from tests.conftest import Sysroot
-from tests.fixkit import (
+from auditor.render import render_fix
+from tests.support.fixkit import (
     assert_idempotent_and_reversible,
     fix_cycle,
     needs_root,
@@ -16,7 +15,8 @@ from tests.fixkit import (
     report_of,
     write_scripts,
 )
-from tests.remediations.plant import CPUFREQ, plant_cpufreq, plant_cstates, plant_grub
+from tests.support.plant import CPUFREQ, plant_cpufreq, plant_cstates, plant_grub
+from tests.support.sysroot import Sysroot
 
 
 def grub_line(root: Path) -> str:
@@ -84,7 +84,7 @@ def test_live_plan_refreshes_grub_only_after_a_change(h200: Sysroot, tmp_path: P
     boot = next(a for a in plan.actions if a.step.kind == "replace_line")
     assert f"run_after 0 {boot.id} update-grub" in fix.read_text()
     assert f"undo_after 0 {boot.id} update-grub" in rollback.read_text()
-    assert "sysfs.path" in render_fix_script(plan)  # the helper is there, used only with ROOT
+    assert "sysfs.path" in render_fix(plan).script  # the helper is there, used only with ROOT
 
 
 def test_haltpoll_has_no_boot_parameter_and_says_so(virtio: Sysroot) -> None:
@@ -106,7 +106,7 @@ def test_bash_n_on_every_rendering(h200: Sysroot, tmp_path: Path) -> None:
 @needs_root
 def test_boost_and_max_freq_cap_lifted_with_the_real_check(h200: Sysroot, tmp_path: Path) -> None:
     from auditor.model import Status
-    from tests.fixkit import audit_root, require_check, statuses
+    from tests.support.fixkit import audit_root, require_check, statuses
 
     require_check("cpu.governor")
     plant_cpufreq(h200)

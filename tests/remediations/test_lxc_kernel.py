@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.conftest import Sysroot
-from tests.fixkit import (
+from tests.support.fixkit import (
     EVIL,
     assert_idempotent_and_reversible,
     copy_tree,
@@ -17,7 +16,8 @@ from tests.fixkit import (
     tree_hash,
     write_scripts,
 )
-from tests.remediations.plant import LXC_CONFIG, plant_lxc, plant_old_kernel
+from tests.support.plant import LXC_CONFIG, plant_lxc, plant_old_kernel
+from tests.support.sysroot import Sysroot
 
 
 @needs_root
@@ -66,7 +66,7 @@ def test_kernel_upgrade_is_commented_out_and_needs_reboot(h200: Sysroot, tmp_pat
 
 
 def test_upgrade_commands_per_distribution() -> None:
-    from remediations.kernel import upgrade_command
+    from auditor.checks.kernel_version import upgrade_command
 
     assert upgrade_command("6.8.12-4-pve", "6.14", {"ID": "debian"}) == (
         "apt", "install", "proxmox-kernel-6.14")
@@ -84,7 +84,7 @@ def test_missing_rule_is_added_to_the_main_section_with_the_real_check(
     h200: Sysroot, tmp_path: Path
 ) -> None:
     from auditor.model import Status
-    from tests.fixkit import audit_root, require_check, statuses
+    from tests.support.fixkit import audit_root, require_check, statuses
 
     require_check("lxc.device_majors")
     config = LXC_CONFIG.replace("lxc.cgroup2.devices.allow: c 509:* rwm\n", "", 1)

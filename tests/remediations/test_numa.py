@@ -6,8 +6,7 @@ from pathlib import Path
 
 from auditor.model import Status
 from tests.checks.test_numa_balancing import add_node
-from tests.conftest import Sysroot
-from tests.fixkit import (
+from tests.support.fixkit import (
     assert_idempotent_and_reversible,
     audit_root,
     fix_cycle,
@@ -15,6 +14,7 @@ from tests.fixkit import (
     plan_for,
     statuses,
 )
+from tests.support.sysroot import Sysroot
 
 
 def plant(root: Sysroot) -> None:
@@ -99,7 +99,7 @@ def test_passing_host_gets_no_numa_steps(h200: Sysroot) -> None:
 def test_line_changed_since_audit_is_left_alone(h200: Sysroot, tmp_path: Path) -> None:
     plant(h200)
     h200.write("/etc/sysctl.d/50-numa.conf", "kernel.numa_balancing = 1\n")
-    from tests.fixkit import copy_tree, run, write_scripts
+    from tests.support.fixkit import copy_tree, run, write_scripts
 
     plan = plan_for(h200)
     fix, _ = write_scripts(plan, tmp_path)
@@ -127,7 +127,7 @@ def test_absolute_symlink_in_sysroot_is_followed_inside_it(h200: Sysroot, tmp_pa
 
 @needs_root
 def test_symlink_leading_out_of_the_sysroot_is_refused(h200: Sysroot, tmp_path: Path) -> None:
-    from tests.fixkit import copy_tree, run, write_scripts
+    from tests.support.fixkit import copy_tree, run, write_scripts
 
     plant(h200)
     h200.write("/etc/sysctl.d/50-numa.conf", "kernel.numa_balancing = 1\n")

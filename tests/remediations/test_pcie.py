@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.conftest import Sysroot
-from tests.fixkit import assert_idempotent_and_reversible, fix_cycle, needs_root, report_of
-from tests.remediations.plant import GPU, mrrs, plant_mrrs, setpci
+from tests.support.fixkit import assert_idempotent_and_reversible, fix_cycle, needs_root, report_of
+from tests.support.plant import GPU, mrrs, plant_mrrs, setpci
+from tests.support.sysroot import Sysroot
 
 
 @needs_root
@@ -32,7 +32,7 @@ def test_mrrs_raised_to_4096_payload_untouched_and_kept_by_udev(
 def test_a_subject_that_is_not_an_address_gets_no_step(h200: Sysroot) -> None:
     from dataclasses import replace
 
-    from tests.fixkit import plan_for
+    from tests.support.fixkit import plan_for
 
     [finding] = plant_mrrs(h200)
     bad = replace(finding, subject="$(touch /tmp/x)")
@@ -43,7 +43,7 @@ def test_a_downtrained_link_warning_gets_no_step(h200: Sysroot) -> None:
     from dataclasses import replace
 
     from auditor.model import Status
-    from tests.fixkit import plan_for
+    from tests.support.fixkit import plan_for
 
     [finding] = plant_mrrs(h200)
     link = replace(finding, status=Status.WARN,

@@ -11,7 +11,8 @@ import pytest
 from auditor.errors import SnapshotError
 from auditor.hosts import DirectoryHost, open_sysroot
 from auditor.hosts.archive import ArchiveHost
-from tests.conftest import CAPTURES, Sysroot, tar_bytes
+from tests.support.factories import tar_bytes
+from tests.support.sysroot import CAPTURES, Sysroot
 
 
 def test_reads_capture_in_place_with_device_numbers_without_extracting() -> None:

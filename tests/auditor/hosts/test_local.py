@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from auditor.hosts import DirectoryHost, LocalHost
-from tests.conftest import Sysroot
+from tests.support.sysroot import Sysroot
 
 
 def test_directory_host_resolves_absolute_links_inside_root(h200: Sysroot) -> None:

@@ -11,19 +11,25 @@ from pathlib import Path
 
 import pytest
 
-from auditor import collect
 from auditor.errors import AuthenticationFailed, HostKeyRejected, HostUnreachable, UsageError
 from auditor.hosts import LocalHost
 from auditor.hosts.ssh import SshContext, SshHost, SshTarget, parse_target
-from auditor.registry import load_checks
+from auditor.registry import collected_paths, load_checks
 from auditor.runner import audit
 from tests.auditor.conftest import DROP, NOPY, NOSUDO, SUDO, SshEnv
-from tests.sshd import DelayProxy, SilentListener, keygen, netem_available, netns, netns_available
+from tests.support.sshd import (
+    DelayProxy,
+    SilentListener,
+    keygen,
+    netem_available,
+    netns,
+    netns_available,
+)
 
 pytestmark = pytest.mark.ssh
 
 PCI_CONFIGS = "/sys/bus/pci/devices/*/config"
-PATTERNS = [*collect.patterns_for(load_checks()), PCI_CONFIGS, "/proc/devices"]
+PATTERNS = [*collected_paths(load_checks()), PCI_CONFIGS, "/proc/devices"]
 #: Patterns whose matches stay put between a collection and a look at the live host
 #: (processes come and go, so their /proc entries are left out of comparisons).
 STABLE_PATTERNS = [p for p in PATTERNS if not p.startswith("/proc/[0-9]")]

@@ -9,12 +9,12 @@ import tarfile
 
 import pytest
 
-from auditor.collect import collect_tar
 from auditor.errors import SnapshotError
 from auditor.hosts.archive import ArchiveHost, _member_path
 from auditor.hosts.base import Entry
+from auditor.hosts.collect import collect_tar
 from auditor.hosts.tarindex import Member, fast_index
-from tests.conftest import CAPTURES
+from tests.support.sysroot import CAPTURES
 
 
 def by_tarfile(data: bytes) -> list[Member]:

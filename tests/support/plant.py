@@ -10,7 +10,8 @@ import subprocess
 
 from auditor.model import Finding, Severity, Status
 from tests.checks.test_numa_balancing import add_node
-from tests.conftest import Sysroot, make_finding
+from tests.support.factories import make_finding
+from tests.support.sysroot import Sysroot
 
 GPU = "0000:00:06.0"
 CPUFREQ = "/sys/devices/system/cpu/cpufreq"

@@ -1,21 +1,25 @@
 """The remedy model: fix steps as structured values, never pre-formatted shell.
 
-A remediation module turns the findings of one check into :class:`Remedy`
-values. Each step is a frozen dataclass naming what to change (a kernel value,
-a PCI register, a file, a line of a file); the fix and rollback templates turn
-them into shell, quoting every value. Every step kind has a fixed inverse the
+A check's ``remediate`` turns its findings into :class:`Remedy` values. Each step
+is a frozen dataclass naming what to change (a kernel value, a PCI register, a
+file, a line of a file); the fix and rollback templates turn them into shell,
+quoting every value. Every step kind has a fixed inverse the
 rollback performs from what the fix recorded before changing anything.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import ClassVar
 
-from auditor.hosts.base import Host
 from auditor.model import Finding
+
+#: What every fix reads besides its checks' paths: the host's identity, which the
+#: scripts check before they change anything, and the distribution.
+GUARD_READS: tuple[str, ...] = ("/proc/sys/kernel/hostname", "/etc/hostname",
+                                "/etc/machine-id", "/etc/os-release")
 
 
 @dataclass(frozen=True)
@@ -141,22 +145,12 @@ class Remedy:
 
 
 @dataclass(frozen=True)
-class Context:
-    """What a remediation knows besides its findings."""
+class FixContext:
+    """What a remediation knows besides its findings and its check's options."""
 
     #: True when the target is a sysroot directory, not a booted machine.
     sysroot: bool
-    #: The check's policy options (thresholds), as the audit used them.
-    options: Mapping[str, Any] = field(default_factory=dict)
     os_release: Mapping[str, str] = field(default_factory=dict)
-
-
-class Remediation(Protocol):
-    """A module's entry point: the remedies for one check's problem findings."""
-
-    def __call__(
-        self, host: Host, findings: Sequence[Finding], context: Context
-    ) -> list[Remedy]: ...
 
 
 def evidence(finding: Finding) -> dict[str, str]:

@@ -3,7 +3,7 @@
 The checks declare every path they read as shell patterns (``Check.reads``).
 The collector fetches exactly the paths those patterns match and writes them
 as a tar sysroot that :class:`auditor.hosts.archive.ArchiveHost` reads the way
-the live host reads (see :mod:`auditor.collector_script` for what is kept).
+the live host reads (see :mod:`auditor.hosts.collector_script` for what is kept).
 
 The same collector runs three ways:
 
@@ -27,15 +27,12 @@ import os
 import shlex
 import tarfile
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, BinaryIO
+from typing import BinaryIO
 
-from auditor import collector_script
-from auditor.errors import AuditorError
-
-if TYPE_CHECKING:
-    from auditor.check import Check
+from auditor.errors import CollectError
+from auditor.hosts import collector_script
 
 FILE_CAP = collector_script.FILE_CAP
 
@@ -49,22 +46,6 @@ BASE_READS: tuple[str, ...] = (
 )
 
 _MAGIC = b"audit-collect 1 "
-
-
-class CollectError(AuditorError):
-    """A remote collection answered with something that is not a collection."""
-
-
-def patterns_for(checks: Iterable[type[Check]], base: bool = True) -> list[str]:
-    """Return the union of the checks' read patterns (and the base reads), each once."""
-    patterns: dict[str, None] = {}
-    for cls in checks:
-        for pattern in cls.reads:
-            patterns.setdefault(pattern, None)
-    if base:
-        for pattern in BASE_READS:
-            patterns.setdefault(pattern, None)
-    return list(patterns)
 
 
 def write_tar(out: BinaryIO, patterns: Sequence[str], *, compress: bool = False,

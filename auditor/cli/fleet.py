@@ -1,8 +1,7 @@
 """Commands for pipelines and fleets: snapshot, fingerprint, merge and watch.
 
-Registered on :data:`auditor.cli.app` by :func:`register`. Every heavy import
-(the collector, Jinja, pyudev) happens inside the command that needs it, so
-``audit local`` starts as fast as before.
+Every heavy import (the collector, Jinja, pyudev) happens inside the command that
+needs it, so ``audit local`` starts as fast as before.
 
 ``audit merge`` exit codes: 2 if any input file could not be read (the rest are
 still merged and the report written), else as ``audit local``: 3 if a host in
@@ -18,36 +17,34 @@ from typing import Annotated
 
 import typer
 
-# auditor.cli imports this module at its end, once what is taken from it is defined.
-from auditor.cli import (
-    EXIT_OK,
-    EXIT_UNREACHABLE,
+from auditor.cli.options import (
     EXIT_USAGE,
+    AcceptNewOpt,
     AuditOptions,
     CheckOpt,
     DebugOpt,
     FailOnOpt,
+    IdentityOpt,
+    KnownHostsOpt,
     OutputOpt,
     PolicyOpt,
+    PortOpt,
     ProfileOpt,
+    RootOpt,
     SkipOpt,
+    SshConfigOpt,
+    SudoOpt,
+    TimeoutOpt,
+    UserOpt,
+    exit_code,
     fatal,
+    handle_errors,
+    note,
     prepare,
+    ssh_options,
     write_output,
 )
-from auditor.errors import AuditorError
 from auditor.model import FailOn
-
-RootOpt = Annotated[
-    str | None,
-    typer.Option("--root", help="Read a sysroot: a directory or a .tar.gz capture.",
-                 metavar="PATH"),
-]
-
-
-def note(message: str) -> None:
-    """Print one line of information to stderr."""
-    print(f"audit: {message}", file=sys.stderr)
 
 
 def fingerprint_command(
@@ -70,15 +67,15 @@ def fingerprint_command(
     """Print a short, stable fingerprint of the host's tuned state, for benchmark results."""
     import json
 
-    from auditor.fleet import fingerprint, fingerprint_inputs
+    from auditor.model import fingerprint, fingerprint_inputs
 
     if fmt not in ("text", "json"):
         fatal(f"unknown format {fmt!r} (formats: text, json)", EXIT_USAGE)
     if target != "local":
         fatal(f"unknown target {target!r}: use local, --root PATH or --report FILE", EXIT_USAGE)
-    try:
+    with handle_errors():
         if report_file is not None:
-            from auditor.fleet import load_results
+            from auditor.results import load_results
 
             loaded = load_results([report_file])
             if loaded.unreadable:
@@ -92,14 +89,11 @@ def fingerprint_command(
             from auditor.hosts import LocalHost, open_sysroot
             from auditor.runner import audit
 
-            options = AuditOptions("text", None, tuple(check or ()), tuple(skip or ()),
-                                   FailOn.FAIL, policy, profile)
-            checks, loaded_policy = prepare(options)
+            checks, loaded_policy = prepare(AuditOptions.of(check=check, skip=skip,
+                                                            policy=policy, profile=profile))
             host = open_sysroot(root) if root is not None else LocalHost()
             with host:
                 report = audit(host, checks, loaded_policy)
-    except AuditorError as exc:
-        fatal(str(exc), exc.exit_code)
     stamp = fingerprint(report)
     if fmt == "json":
         document = {"host": report.host, "fingerprint": stamp, "inputs": fingerprint_inputs(report)}
@@ -136,7 +130,9 @@ def merge_command(
     fail_on: FailOnOpt = FailOn.FAIL,
 ) -> None:
     """Merge per-host JSON results into one fleet report; diff against a golden host."""
-    from auditor.fleet import FLEET_FORMATS, fleet_view, load_results, render_fleet
+    from auditor.fleet import fleet_view
+    from auditor.render import FLEET_FORMATS, render_merge
+    from auditor.results import load_results
 
     if fmt not in FLEET_FORMATS:
         fatal(f"unknown format {fmt!r} (formats: {', '.join(FLEET_FORMATS)})", EXIT_USAGE)
@@ -153,12 +149,10 @@ def merge_command(
     if golden is not None and any(r.error for r in loaded.reports if r.host == golden):
         fatal(f"golden host {golden!r} could not be audited: pick another", EXIT_USAGE)
     view = fleet_view(loaded, golden)
-    write_output(render_fleet(view, fmt), output)
+    write_output(render_merge(view, fmt), output)
     if loaded.unreadable:
         raise typer.Exit(EXIT_USAGE)
-    codes = [r.exit_code(fail_on) for r in loaded.reports]
-    code = EXIT_UNREACHABLE if EXIT_UNREACHABLE in codes else max(codes, default=EXIT_OK)
-    raise typer.Exit(code)
+    raise typer.Exit(exit_code(loaded.reports, fail_on))
 
 
 def watch_command(
@@ -179,24 +173,20 @@ def watch_command(
     debug: DebugOpt = False,
 ) -> None:
     """Re-run the affected checks on PCI and NVIDIA device events; print what changes."""
-    from auditor.watch import WATCHED, watch
+    from auditor.registry import load_checks, watched
+    from auditor.watch import watch
 
     if source not in ("auto", "udev", "kernel"):
         fatal(f"unknown event source {source!r} (auto, udev, kernel)", EXIT_USAGE)
-    options = AuditOptions("text", None, tuple(check or ()), tuple(skip or ()), FailOn.FAIL,
-                           policy, profile, debug)
-    try:
-        checks, loaded_policy = prepare(options)
-    except AuditorError as exc:
-        fatal(str(exc), exc.exit_code)
-    watched = [c for c in checks if c.id in WATCHED]
-    if not watched:
-        fatal("none of the selected checks reacts to device events "
-              f"(watched: {', '.join(sorted(WATCHED))})", EXIT_USAGE)
-    try:
-        watch(watched, loaded_policy, count=count, timeout=timeout, source=source, debug=debug)
-    except AuditorError as exc:
-        fatal(str(exc), exc.exit_code)
+    with handle_errors(debug):
+        checks, loaded_policy = prepare(AuditOptions.of(check=check, skip=skip, policy=policy,
+                                                        profile=profile, debug=debug))
+        chosen = watched(checks)
+        if not chosen:
+            every = ", ".join(sorted(c.id for c in watched(load_checks())))
+            fatal(f"none of the selected checks reacts to device events (watched: {every})",
+                  EXIT_USAGE)
+        watch(chosen, loaded_policy, count=count, timeout=timeout, source=source, debug=debug)
 
 
 def snapshot_command(
@@ -206,45 +196,26 @@ def snapshot_command(
                                         "stdout).", metavar="FILE")],
     check: CheckOpt = None,
     skip: SkipOpt = None,
-    user: Annotated[str | None, typer.Option("--user", "-u", help="SSH: log in as USER.")] = None,
-    port: Annotated[int | None, typer.Option("--port", "-p", min=1, max=65535,
-                                             help="SSH port.")] = None,
-    identity: Annotated[str | None, typer.Option("--identity", metavar="KEYFILE",
-                                                 help="SSH: private key to offer.")] = None,
-    sudo: Annotated[bool, typer.Option("--sudo", help="SSH: collect under 'sudo -n'.")] = False,
-    timeout: Annotated[float, typer.Option("--timeout", min=0.1,
-                                           help="SSH: seconds to connect and collect.")] = 10.0,
-    accept_new_host_keys: Annotated[bool, typer.Option(
-        "--accept-new-host-keys", help="SSH: trust an unknown host key on first use.")] = False,
-    known_hosts: Annotated[str | None, typer.Option(
-        "--known-hosts", metavar="FILE", help="SSH: also trust the keys in FILE.")] = None,
-    ssh_config: Annotated[str | None, typer.Option(
-        "--ssh-config", metavar="FILE", help="SSH: read this ssh config.")] = None,
+    user: UserOpt = None,
+    port: PortOpt = None,
+    identity: IdentityOpt = None,
+    sudo: SudoOpt = False,
+    timeout: TimeoutOpt = 10.0,
+    accept_new_host_keys: AcceptNewOpt = False,
+    known_hosts: KnownHostsOpt = None,
+    ssh_config: SshConfigOpt = None,
 ) -> None:
     """Capture exactly what the checks read into a sysroot .tar.gz, for audit local --root."""
-    from auditor.snapshot import snapshot
+    from auditor.snapshot import snapshot, write_capture
 
-    options = AuditOptions("text", None, tuple(check or ()), tuple(skip or ()))
-    try:
-        checks, _ = prepare(options)
-        ssh_options = None
+    with handle_errors():
+        checks, _ = prepare(AuditOptions.of(check=check, skip=skip))
+        reach = None
         if target != "local":
-            from auditor.hosts.ssh import SshOptions
-
-            ssh_options = SshOptions(
-                user=user, port=port, identity=identity, sudo=sudo, timeout=timeout,
-                accept_new_host_keys=accept_new_host_keys,
-                known_hosts=(known_hosts,) if known_hosts else (), ssh_config=ssh_config,
-            )
-        summary = snapshot(target, checks, output, ssh_options)
-    except AuditorError as exc:
-        fatal(str(exc), exc.exit_code)
-    note(summary)
+            reach = ssh_options(user, port, identity, sudo, timeout, accept_new_host_keys,
+                                known_hosts, ssh_config)
+        capture = snapshot(target, checks, reach)
+        write_capture(output, capture.data)
+    note(capture.summary("stdout" if output == "-" else output))
 
 
-def register(app: typer.Typer) -> None:
-    """Add the pipeline and fleet commands to the ``audit`` application."""
-    app.command("snapshot")(snapshot_command)
-    app.command("fingerprint")(fingerprint_command)
-    app.command("merge")(merge_command)
-    app.command("watch")(watch_command)

@@ -5,7 +5,7 @@ This module is sent as it is to an audited host's own ``python3`` and run there,
 so it imports only the standard library and keeps to syntax and library calls
 that Python 3.6 accepts (RHEL 8 and Ubuntu 18.04 ship 3.6): no ``from
 __future__ import annotations``, typing aliases instead of builtin generics.
-:mod:`auditor.collect` is the interface the rest of the package uses.
+:mod:`auditor.hosts.collect` is the interface the rest of the package uses.
 
 What is written (a sysroot that :class:`auditor.hosts.archive.ArchiveHost` reads
 the same way as the live host):

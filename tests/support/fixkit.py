@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from auditor.fix import FixPlan, build_fix, render_fix_script, render_rollback_script
+from auditor.fix import FixPlan, build_fix
 from auditor.hosts import DirectoryHost
 from auditor.model import Finding, Report, Status
 from auditor.policy import Policy, load_policy
 from auditor.registry import load_checks
+from auditor.render import render_fix
 from auditor.runner import audit
-from tests.conftest import Sysroot
+from tests.support.sysroot import Sysroot
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="sysfs copies are read-only to users")
 
@@ -74,14 +75,16 @@ def report_of(findings: Iterable[Finding], host: str = "gpu-h200-vm") -> Report:
 def plan_for(root: Sysroot, report: Report | None = None) -> FixPlan:
     """Plan the fix of a sysroot's findings (an audit of it unless a report is given)."""
     host = DirectoryHost(str(root.root))
-    return build_fix(host, report if report is not None else audit_root(root), policy())
+    return build_fix(host, report if report is not None else audit_root(root), load_checks(),
+                     policy())
 
 
 def write_scripts(plan: FixPlan, where: Path) -> tuple[Path, Path]:
     """Render the fix and rollback, check them with bash -n and shellcheck, return their paths."""
     fix, rollback = where / "fix.sh", where / "fix.rollback.sh"
-    fix.write_text(render_fix_script(plan))
-    rollback.write_text(render_rollback_script(plan))
+    scripts = render_fix(plan)
+    fix.write_text(scripts.script)
+    rollback.write_text(scripts.rollback)
     for script in (fix, rollback):
         subprocess.run(["bash", "-n", str(script)], check=True)
     if shutil.which("shellcheck"):

@@ -1,8 +1,10 @@
-"""Parse LXC container configs: Proxmox ``/etc/pve/lxc/*.conf`` and plain LXC ``config`` files.
+"""LXC containers on a host: where their configs are, and a parser of those configs.
 
-A pure parser (no host access), shared by the ``lxc.device_majors`` check and the
-fix scripts that rewrite a container's main section. It follows what the readers
-of these files accept:
+Shared by the ``lxc.device_majors`` check and its remediation, which rewrites a
+container's main section with the same parser. :func:`find_containers`,
+:func:`parse_proc_devices` and :func:`cgroup_mode` read facts through the Host seam;
+the rest is a pure parser of Proxmox ``/etc/pve/lxc/*.conf`` and plain LXC ``config``
+files. It follows what the readers of these files accept:
 
 - Proxmox (``PVE::LXC::Config``): ``key: value``; ``lxc.*`` keys may also be
   written ``key = value``; ``#`` lines are the description. The running config is
@@ -16,11 +18,20 @@ Lines are split on ``\\n`` only, as both readers do, so line numbers match an ed
 
 from __future__ import annotations
 
+import posixpath
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
+from auditor.hosts.base import Host
+
 Flavour = Literal["proxmox", "lxc"]
+CgroupMode = Literal["v2", "v1", "unknown"]
+
+PROC_DEVICES = "/proc/devices"
+PROC_CGROUP = "/proc/1/cgroup"
+PVE_ROOT = "/etc/pve"
+PLAIN_LXC_GLOB = "/var/lib/lxc/*/config"
 
 #: Keys holding device cgroup rules, cgroup v2 first.
 ALLOW_KEYS = ("lxc.cgroup2.devices.allow", "lxc.cgroup.devices.allow")
@@ -46,6 +57,15 @@ class ConfigLine:
     #: None for blank lines, comments and lines the reader would not parse.
     key: str | None = None
     value: str | None = None
+    #: Where the value starts in ``text`` (inside any quotes), -1 without a value.
+    value_start: int = field(default=-1, compare=False)
+
+    def with_value(self, value: str) -> str:
+        """Return the line with its value replaced and every other byte as written."""
+        if self.value is None or self.value_start < 0:
+            raise ValueError(f"line {self.number} has no value")
+        end = self.value_start + len(self.value)
+        return self.text[: self.value_start] + value + self.text[end:]
 
 
 @dataclass(frozen=True)
@@ -103,20 +123,27 @@ def _star(number: int | None) -> str:
     return "*" if number is None else str(number)
 
 
-def parse_line(text: str, flavour: Flavour) -> tuple[str, str] | None:
-    """Return the (key, value) of one config line, or None for comments and junk."""
+def _parse(text: str, flavour: Flavour) -> tuple[str, str, int] | None:
+    """Return (key, value, where the value starts) of one config line, or None."""
     match = _LINE.fullmatch(text)
     if match is None or text.lstrip().startswith("#"):
         return None
     key, separator, value = match.groups()
+    start = match.start(3)
     if flavour == "lxc":
         if separator != "=":
             return None
         if len(value) > 1 and value[0] in "'\"" and value[-1] == value[0]:
-            value = value[1:-1]
+            value, start = value[1:-1], start + 1
     elif separator == "=" and not key.startswith("lxc."):
         return None
-    return key, value
+    return key, value, start
+
+
+def parse_line(text: str, flavour: Flavour) -> tuple[str, str] | None:
+    """Return the (key, value) of one config line, or None for comments and junk."""
+    parsed = _parse(text, flavour)
+    return None if parsed is None else (parsed[0], parsed[1])
 
 
 def is_section_header(text: str) -> bool:
@@ -131,9 +158,11 @@ def parse_main_section(text: str, flavour: Flavour) -> MainSection:
     for number, raw in enumerate(text.split("\n"), start=1):
         if flavour == "proxmox" and is_section_header(raw):
             return MainSection(tuple(lines), number, offset)
-        parsed = parse_line(raw, flavour)
-        key, value = parsed if parsed is not None else (None, None)
-        lines.append(ConfigLine(number, raw, key, value))
+        parsed = _parse(raw, flavour)
+        if parsed is None:
+            lines.append(ConfigLine(number, raw))
+        else:
+            lines.append(ConfigLine(number, raw, parsed[0], parsed[1], parsed[2]))
         offset += len(raw) + 1
     # A trailing newline leaves an empty last piece that is not a line.
     if lines and lines[-1].text == "" and text.endswith("\n"):
@@ -197,3 +226,103 @@ def is_dev_key(key: str) -> bool:
 
 def _unescape(field: str) -> str:
     return _OCTAL_ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), field)
+
+
+# -- the containers on a host --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Container:
+    """One container config found on the host."""
+
+    id: str
+    path: str
+    flavour: Flavour
+
+
+def parse_proc_devices(text: str) -> dict[str, list[int]]:
+    """Return the character drivers of ``/proc/devices``: name -> majors."""
+    majors: dict[str, list[int]] = {}
+    in_char = False
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.endswith(":"):
+            in_char = stripped == "Character devices:"
+            continue
+        number, _, name = stripped.partition(" ")
+        name = name.strip()
+        if not in_char or not name or not number.isascii() or not number.isdigit():
+            continue
+        if len(number) > 9:  # no real major is that long; keep int() cheap and sane
+            continue
+        majors.setdefault(name, []).append(int(number))
+    return majors
+
+
+def cgroup_mode(text: str | None) -> CgroupMode:
+    """Return how device rules are enforced, from ``/proc/1/cgroup``.
+
+    On a pure cgroup2 host LXC ignores every ``lxc.cgroup.*`` key ("Ignoring legacy
+    cgroup limits on pure cgroup2 system"); with a v1 ``devices`` controller the
+    legacy keys apply.
+    """
+    if not text:
+        return "unknown"
+    hierarchies = [line.split(":", 2) for line in text.splitlines() if line.strip()]
+    if any(len(parts) != 3 for parts in hierarchies):
+        return "unknown"
+    if all(parts[0] == "0" and parts[1] == "" for parts in hierarchies):
+        return "v2"
+    if any("devices" in parts[1].split(",") for parts in hierarchies):
+        return "v1"
+    return "unknown"
+
+
+def find_containers(host: Host) -> tuple[list[Container], str]:
+    """Return the container configs on the host, and a note when Proxmox's are unclear."""
+    containers: list[Container] = []
+    pve_dir, note = _pve_lxc_dir(host)
+    pve_ids: set[str] = set()
+    if pve_dir is not None:
+        for name in listdir(host, pve_dir):
+            if name.endswith(".conf") and not name.startswith("."):
+                path = posixpath.join(pve_dir, name)
+                if host.is_dir(path):
+                    continue
+                containers.append(Container(name[: -len(".conf")], path, "proxmox"))
+                pve_ids.add(name[: -len(".conf")])
+    for path in host.glob(PLAIN_LXC_GLOB):
+        name = path.split("/")[-2]
+        # Proxmox writes /var/lib/lxc/<id>/config from <id>.conf at every start.
+        if name not in pve_ids:
+            containers.append(Container(name, path, "lxc"))
+    return containers, note
+
+
+def listdir(host: Host, path: str) -> list[str]:
+    """Return the names in a directory, or [] when it cannot be listed."""
+    try:
+        return host.listdir(path)
+    except OSError:
+        return []
+
+
+def _pve_lxc_dir(host: Host) -> tuple[str | None, str]:
+    # /etc/pve/lxc and /etc/pve/local are links to this node's nodes/<name>; the
+    # nodes/ tree holds every cluster member's containers, only one of them runs here.
+    for candidate in (f"{PVE_ROOT}/lxc", f"{PVE_ROOT}/local/lxc"):
+        if host.is_dir(candidate):
+            return candidate, ""
+    nodes = [n for n in listdir(host, f"{PVE_ROOT}/nodes")
+             if host.is_dir(f"{PVE_ROOT}/nodes/{n}/lxc")]
+    if not nodes:
+        return None, ""
+    hostname = (host.read_optional("/etc/hostname") or host.name).split(".")[0]
+    if hostname in nodes:
+        return f"{PVE_ROOT}/nodes/{hostname}/lxc", ""
+    if len(nodes) == 1:
+        return f"{PVE_ROOT}/nodes/{nodes[0]}/lxc", ""
+    return None, (
+        f"{PVE_ROOT}/nodes holds {len(nodes)} cluster nodes and none is named "
+        f"{hostname!r}, so which containers run here is unknown"
+    )

@@ -15,12 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from auditor import collect, collector_script
-from auditor.collect import CollectError, collect_tar, parse_output, remote_command
-from auditor.hosts import DirectoryHost
+from auditor.hosts import DirectoryHost, collector_script
 from auditor.hosts.archive import ArchiveHost
-from auditor.registry import load_checks
-from tests.conftest import Sysroot
+from auditor.hosts.collect import CollectError, collect_tar, parse_output, remote_command
+from auditor.registry import collected_paths, load_checks
+from tests.support.sysroot import Sysroot
 
 SH_TOOLS = ("sh", "id", "sudo", "readlink", "head", "od", "ls")
 
@@ -60,7 +59,7 @@ def run_remote_command(command: str, path: str | None = None) -> bytes:
 
 # Patterns every built-in check reads, and the PCI ones the pcie check will read.
 PATTERNS = [
-    *collect.patterns_for(load_checks()),
+    *collected_paths(load_checks()),
     "/sys/bus/pci/devices/*/config",
     "/sys/bus/pci/devices/*/driver",
     "/sys/bus/pci/devices/*/current_link_speed",
@@ -283,9 +282,9 @@ def test_a_greeting_before_the_answer_is_skipped(h200: Sysroot) -> None:
     assert collection.tar == parse_output(answer).tar
 
 
-def test_patterns_for_joins_the_checks_reads_once() -> None:
+def test_collected_paths_join_the_checks_reads_once() -> None:
     checks = load_checks()
-    patterns = collect.patterns_for(checks)
+    patterns = collected_paths(checks)
     assert len(patterns) == len(set(patterns))
     for check in checks:
         assert set(check.reads) <= set(patterns)

@@ -1,0 +1,123 @@
+"""``--fix-script``, ``--rollback-script`` and ``--apply``: the one fix path of ``audit local``
+and ``audit host``.
+
+The plan is built by :func:`auditor.fix.build_fix`, rendered by
+:func:`auditor.render.render_fix`, and run by the host itself
+(``Host.run_script``: this machine's bash for ``audit local``, ``sudo -n bash -s``
+over the open connection for ``audit host``). This module does the talking: what
+the plan does, the question before applying, before and after.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from auditor.check import CheckClass
+from auditor.errors import UsageError
+from auditor.hosts.base import Host
+from auditor.model import Report
+from auditor.policy import Policy
+
+
+@dataclass(frozen=True)
+class FixRequest:
+    """What the command line asked to do with the findings."""
+
+    fix_script: str | None = None
+    rollback_script: str | None = None
+    apply: bool = False
+    yes: bool = False
+
+    @property
+    def wanted(self) -> bool:
+        """Return whether any fix was asked for."""
+        return bool(self.fix_script or self.rollback_script or self.apply)
+
+    @property
+    def rollback_path(self) -> str | None:
+        """Return where the rollback is written: as asked, or beside the fix script."""
+        if self.rollback_script:
+            return self.rollback_script
+        return default_rollback_path(self.fix_script) if self.fix_script else None
+
+
+def default_rollback_path(fix_script: str) -> str:
+    """Return where the rollback goes beside a fix script: ``fix.sh`` -> ``fix.rollback.sh``."""
+    base, ext = os.path.splitext(fix_script)
+    return f"{base}.rollback{ext or '.sh'}"
+
+
+def _write(path: str, text: str) -> None:
+    try:
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.chmod(path, 0o755)  # noqa: S103 - a script the operator runs
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot write script ({exc.strerror})") from exc
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr)
+
+
+def fix(
+    host: Host,
+    report: Report,
+    checks: Sequence[CheckClass],
+    policy: Policy,
+    request: FixRequest,
+    *,
+    reaudit: Callable[[], Report],
+    where: str,
+    remote: bool = False,
+    sudo: bool = False,
+) -> tuple[Report, int]:
+    """Write and/or apply the fix for one host; return the report to show and an exit code.
+
+    The exit code is 1 when the fix script failed or was refused, else 0.
+    """
+    from auditor.fix import build_fix
+    from auditor.render import render_comparison, render_fix
+
+    plan = build_fix(host, report, checks, policy)
+    scripts = render_fix(plan)
+    if request.fix_script:
+        _write(request.fix_script, scripts.script)
+    rollback_path = request.rollback_path
+    if rollback_path:
+        _write(rollback_path, scripts.rollback)
+    _say(plan.summary())
+    if request.fix_script or rollback_path:
+        _say(f"wrote {' and '.join(p for p in (request.fix_script, rollback_path) if p)}")
+    if not request.apply:
+        _say("dry run: nothing changed (run the script, or pass --apply)")
+        return report, 0
+    if not plan.actions:
+        _say("nothing to apply")
+        return report, 0
+    if not request.yes:
+        if not sys.stdin.isatty():
+            raise UsageError("--apply changes the host: confirm with --yes when not on a terminal")
+        answer = input(f"apply {len(plan.actions)} step(s) to {where}? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            _say("not applied")
+            return report, 1
+    result = host.run_script(scripts.script, sudo=sudo)
+    after = reaudit()
+    sys.stderr.write(result.output)
+    print(render_comparison(report, after), end="", file=sys.stderr)
+    if result.returncode != 0:
+        _say(f"audit: error: the fix script exited {result.returncode}")
+        return after, 1
+    kept = f"{plan.root}/var/lib/host-auditor/{plan.fix_id}/rollback.sh"
+    if remote:
+        # The rollback runs where the fix ran; the fix keeps a copy of it there.
+        _say(f"undo on {where} with: sudo bash {shlex.quote(kept)}"
+             + (f" (the same script as {rollback_path})" if rollback_path else ""))
+    else:
+        _say(f"undo with: bash {shlex.quote(rollback_path or kept)}")
+    return after, 0

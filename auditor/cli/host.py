@@ -1,0 +1,183 @@
+"""``audit host``: audit remote Linux hosts over SSH, one or hundreds at once.
+
+Each host is reached with one SSH connection and one command (see
+:mod:`auditor.hosts.ssh`); hosts are audited in parallel by
+:class:`auditor.runner.FleetAudit`. A host that cannot be audited gets one line on
+stderr and an error report (exit 3) while every other host is still audited.
+fabric and paramiko are imported only when the command runs, so ``audit local``
+does not pay for them.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from auditor.cli.options import (
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    AcceptNewOpt,
+    AuditOptions,
+    CheckOpt,
+    DebugOpt,
+    FailOnOpt,
+    FixScriptOpt,
+    FormatOpt,
+    IdentityOpt,
+    KnownHostsOpt,
+    OutputOpt,
+    PolicyOpt,
+    PortOpt,
+    ProfileOpt,
+    RollbackScriptOpt,
+    SkipOpt,
+    SshConfigOpt,
+    SudoOpt,
+    TimeoutOpt,
+    UserOpt,
+    YesOpt,
+    emit,
+    fatal,
+    handle_errors,
+    prepare,
+    ssh_options,
+)
+from auditor.errors import UsageError
+from auditor.model import FailOn, Report
+
+if TYPE_CHECKING:
+    from auditor.check import CheckClass
+    from auditor.cli.fix import FixRequest
+    from auditor.hosts.ssh import SshOptions, SshTarget
+    from auditor.policy import Policy
+
+
+def _progress(total: int) -> tuple[Callable[[Report], None] | None, Callable[[], None]]:
+    """Return a progress callback and a closer: a bar on a terminal's stderr, else nothing."""
+    if total < 2 or not sys.stderr.isatty():
+        return None, lambda: None
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    progress = Progress("auditing", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=Console(file=sys.stderr), transient=True)
+    task = progress.add_task("hosts", total=total)
+    progress.start()
+    return (lambda report: progress.advance(task)), progress.stop
+
+
+def _fix_remote(target: SshTarget, options: SshOptions, checks: Sequence[CheckClass],
+                policy: Policy, audit_options: AuditOptions, request: FixRequest) -> int:
+    """Audit one host with the fix's extra reads, then write and/or apply its fix on the
+    same connection."""
+    from auditor.cli.fix import fix
+    from auditor.hosts.ssh import SshHost
+    from auditor.registry import collected_paths
+    from auditor.runner import audit
+
+    patterns = collected_paths(checks, fix=True)
+    with handle_errors(audit_options.debug), SshHost(target, options) as host:
+        host.connect()
+        host.collect(patterns, keep_open=request.apply)
+        report = audit(host, checks, policy, debug=audit_options.debug)
+
+        def reaudit() -> Report:
+            host.collect(patterns, keep_open=True)
+            return audit(host, checks, policy, debug=audit_options.debug)
+
+        report, fix_code = fix(host, report, checks, policy, request, reaudit=reaudit,
+                               where=target.display, remote=True, sudo=True)
+    return max(emit([report], audit_options), fix_code)
+
+
+def host_command(
+    targets: Annotated[
+        list[str] | None,
+        typer.Argument(metavar="[USER@]HOST[:PORT]...",
+                       help="Hosts to audit: addresses or ~/.ssh/config aliases."),
+    ] = None,
+    inventory: Annotated[
+        list[str] | None,
+        typer.Option("--inventory", "-i", metavar="FILE",
+                     help="Hosts from a file: one per line, or an Ansible INI/YAML inventory."),
+    ] = None,
+    user: UserOpt = None,
+    port: PortOpt = None,
+    identity: IdentityOpt = None,
+    sudo: SudoOpt = False,
+    timeout: TimeoutOpt = 10.0,
+    parallel: Annotated[int, typer.Option("--parallel", min=1,
+                                          help="Hosts audited at once.")] = 32,
+    workers: Annotated[int | None, typer.Option(
+        "--workers", min=1,
+        help="Processes the hosts are spread over (default: one per 16 hosts, up to the "
+             "CPUs, from 4 CPUs up).")] = None,
+    accept_new_host_keys: AcceptNewOpt = False,
+    known_hosts: KnownHostsOpt = None,
+    ssh_config: SshConfigOpt = None,
+    root: Annotated[str | None, typer.Option(
+        "--root", metavar="DIR",
+        help="Audit (and fix) the sysroot directory DIR on the host, such as an image "
+             "being prepared, instead of the host itself.")] = None,
+    fmt: FormatOpt = "text",
+    output: OutputOpt = None,
+    check: CheckOpt = None,
+    skip: SkipOpt = None,
+    fail_on: FailOnOpt = FailOn.FAIL,
+    policy: PolicyOpt = None,
+    profile: ProfileOpt = None,
+    debug: DebugOpt = False,
+    fix_script: FixScriptOpt = None,
+    rollback_script: RollbackScriptOpt = None,
+    apply: Annotated[bool, typer.Option(
+        "--apply", help="Upload and run the fix with sudo, then audit again.")] = False,
+    yes: YesOpt = False,
+) -> None:
+    """Audit remote Linux hosts over SSH; nothing is installed on them."""
+    from auditor.cli.fix import FixRequest
+    from auditor.hosts.ssh import parse_target, sysroot_path
+    from auditor.inventory import load_inventory
+    from auditor.runner import FleetAudit
+
+    options = AuditOptions.of(fmt, output, check, skip, fail_on, policy, profile, debug)
+    request = FixRequest(fix_script, rollback_script, apply, yes)
+    with handle_errors(debug):
+        checks, loaded = prepare(options)
+        wanted = [parse_target(t) for t in targets or ()]
+        for path in inventory or ():
+            wanted.extend(load_inventory(path))
+        if not wanted:
+            raise UsageError("no hosts given: name hosts, or pass --inventory FILE")
+        reach = ssh_options(user, port, identity, sudo, timeout, accept_new_host_keys,
+                            known_hosts, ssh_config, root)
+        sysroot_path(root)  # a bad --root is a usage error before any connection
+    if request.wanted:
+        if len(wanted) != 1:
+            fatal("--fix-script, --rollback-script and --apply take exactly one host", EXIT_USAGE)
+        raise typer.Exit(_fix_remote(wanted[0], reach, checks, loaded, options, request))
+    fleet = FleetAudit(wanted, reach, checks, loaded, parallel=parallel, debug=debug,
+                       workers=workers,
+                       on_error=lambda line: print(f"audit: error: {line}", file=sys.stderr,
+                                                   flush=True))
+    fleet.start()  # fork any workers before the progress bar starts its thread
+    on_done, stop_progress = _progress(len(wanted))
+    interrupted = False
+    try:
+        reports = fleet.run(on_done)
+    except KeyboardInterrupt:
+        interrupted = True
+        reports = [r for r in fleet.reports if r is not None]
+    finally:
+        stop_progress()
+    if interrupted:
+        print(f"audit: interrupted: {len(reports)} of {len(wanted)} hosts audited",
+              file=sys.stderr)
+        if reports:
+            emit(reports, options)
+        raise typer.Exit(EXIT_INTERRUPTED)
+    if not reports:
+        fatal("no host was audited", EXIT_USAGE)
+    raise typer.Exit(emit(reports, options))

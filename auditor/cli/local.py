@@ -1,0 +1,121 @@
+"""``audit local``, ``audit checks`` and ``audit explain``."""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Annotated
+
+import typer
+
+from auditor.cli.options import (
+    EXIT_OK,
+    EXIT_USAGE,
+    AuditOptions,
+    CheckOpt,
+    DebugOpt,
+    FailOnOpt,
+    FixScriptOpt,
+    FormatOpt,
+    OutputOpt,
+    PolicyOpt,
+    ProfileOpt,
+    RollbackScriptOpt,
+    RootOpt,
+    SkipOpt,
+    YesOpt,
+    emit,
+    fatal,
+    handle_errors,
+    prepare,
+)
+from auditor.model import FailOn, Report
+
+
+def local_command(
+    root: RootOpt = None,
+    fmt: FormatOpt = "text",
+    output: OutputOpt = None,
+    check: CheckOpt = None,
+    skip: SkipOpt = None,
+    fail_on: FailOnOpt = FailOn.FAIL,
+    policy: PolicyOpt = None,
+    profile: ProfileOpt = None,
+    debug: DebugOpt = False,
+    fix_script: FixScriptOpt = None,
+    rollback_script: RollbackScriptOpt = None,
+    apply: Annotated[bool, typer.Option("--apply", help="Run the fix, then audit again and "
+                                        "show before and after.")] = False,
+    yes: YesOpt = False,
+) -> None:
+    """Audit this machine, or a captured sysroot with --root."""
+    from auditor.cli.fix import FixRequest, fix
+    from auditor.hosts import LocalHost, open_sysroot
+    from auditor.hosts.base import Host
+    from auditor.runner import audit
+
+    options = AuditOptions.of(fmt, output, check, skip, fail_on, policy, profile, debug)
+    request = FixRequest(fix_script, rollback_script, apply, yes)
+    fix_code = EXIT_OK
+    with handle_errors(debug):
+        checks, loaded = prepare(options)
+
+        def open_host() -> Host:
+            return open_sysroot(root) if root is not None else LocalHost()
+
+        with open_host() as host:
+            report = audit(host, checks, loaded, debug=debug)
+            if request.wanted:
+                def reaudit() -> Report:
+                    with open_host() as fresh:
+                        return audit(fresh, checks, loaded, debug=debug)
+
+                report, fix_code = fix(host, report, checks, loaded, request, reaudit=reaudit,
+                                       where=host.root or "this machine")
+    raise typer.Exit(max(emit([report], options), fix_code))
+
+
+def checks_command() -> None:
+    """List the checks with id, severity and one line each."""
+    from auditor.registry import load_checks
+
+    with handle_errors():
+        classes = load_checks()
+    width = max(len(c.id) for c in classes)
+    for cls in classes:
+        print(f"{cls.id.ljust(width)}  {cls.severity.value:<8}  {cls.summary()}")
+
+
+def explain_command(check_id: Annotated[str, typer.Argument(metavar="ID")]) -> None:
+    """Explain what a check looks at, why it matters for inference, and how it is fixed."""
+    from auditor.registry import load_checks
+
+    with handle_errors():
+        classes = {c.id: c for c in load_checks()}
+    if check_id not in classes:
+        fatal(f"unknown check id {check_id!r} (known: {', '.join(sorted(classes))})", EXIT_USAGE)
+    cls = classes[check_id]
+
+    def para(text: str) -> str:
+        return textwrap.fill(" ".join(text.split()), width=88, initial_indent="  ",
+                             subsequent_indent="  ")
+
+    lines = [f"{cls.id}  ({cls.severity.value})", "", para(cls.summary()), "", "Looks at:"]
+    lines += [f"  {pattern}" for pattern in cls.reads]
+    lines += ["", "Why it matters for inference:", para(cls.rationale), "", "How it is fixed:",
+              para(cls.remedy)]
+    specs = cls.options_type.specs()
+    if specs:
+        lines += ["", "Policy options (defaults):"]
+        for spec in specs.values():
+            per_profile = "".join(f"; {name}: {values[spec.name]!r}"
+                                  for name, values in cls.profiles.items()
+                                  if spec.name in values)
+            lines.append(f"  {spec.name} = {spec.default!r}  ({spec.allowed()}{per_profile})")
+            if spec.help:
+                lines.append(f"      {spec.help}")
+    if cls.fixable():
+        lines += ["", "Fixable: --fix-script writes its fix."]
+    if cls.events:
+        lines += ["", "Re-run by audit watch on: "
+                  + ", ".join(sorted(e.value for e in cls.events))]
+    print("\n".join(lines))

@@ -1,0 +1,1 @@
+"""Helpers shared by several checks: facts read through the Host seam, pure parsers."""

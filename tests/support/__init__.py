@@ -1,0 +1,1 @@
+"""Shared test support: factories, sysroots, the generated hosts, real sshd and fix helpers."""
