@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from auditor.check import CheckClass
+from auditor.environment import environment
 from auditor.errors import AuditorError, UsageError
 from auditor.hosts.base import Host
 from auditor.model import CheckResult, Finding, Report, Status
@@ -68,6 +69,7 @@ def host_facts(host: Host) -> tuple[tuple[str, str], ...]:
     machine_id = host.read_optional("/etc/machine-id")
     if machine_id:
         facts.append(("machine_id", machine_id))
+    facts.append(("environment", environment(host).describe()))
     return tuple(facts)
 
 

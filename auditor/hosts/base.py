@@ -9,8 +9,9 @@ from __future__ import annotations
 import fnmatch
 import posixpath
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -22,6 +23,7 @@ EntryKind = Literal["file", "dir", "link", "chr", "blk", "other"]
 HostKind = Literal["local", "ssh", "sysroot"]
 
 _MAX_LINKS = 40
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,17 @@ class Host(ABC):
         """List a directory at a path with no symlinks in it."""
 
     # -- derived operations ------------------------------------------------------------
+
+    def fact(self, key: str, compute: Callable[[Host], T]) -> T:
+        """Return a fact about the host, computed once and shared by every check of an audit.
+
+        Checks run in parallel: two may compute the same fact at once, which is harmless
+        (a fact is a pure function of the host's files); the first stored wins.
+        """
+        facts: dict[str, object] = self.__dict__.setdefault("_facts", {})
+        if key in facts:
+            return facts[key]  # type: ignore[return-value]
+        return facts.setdefault(key, compute(self))  # type: ignore[return-value]
 
     def processes(self) -> frozenset[str] | None:
         """Return the names of running processes, or None where they cannot be seen."""

@@ -31,18 +31,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from auditor import environment
 from auditor.errors import CollectError
 from auditor.hosts import collector_script
 
 FILE_CAP = collector_script.FILE_CAP
 
-#: Files every collection takes: the host's name and the facts a report shows.
+#: Files every collection takes: the host's name and the facts a report shows, where the
+#: audit runs among them.
 BASE_READS: tuple[str, ...] = (
     "/etc/hostname",
     "/proc/sys/kernel/hostname",
     "/proc/sys/kernel/osrelease",
     "/etc/os-release",
     "/etc/machine-id",
+    *environment.READS,
 )
 
 _MAGIC = b"audit-collect 1 "

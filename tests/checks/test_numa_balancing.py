@@ -8,11 +8,8 @@ from auditor.checks.numa_balancing import NumaBalancing
 from auditor.hosts import DirectoryHost
 from auditor.hosts.base import Host
 from auditor.model import Status
+from tests.support.plant import add_node
 from tests.support.sysroot import Sysroot
-
-
-def add_node(root: Sysroot, index: int) -> None:
-    root.write(f"/sys/devices/system/node/node{index}/cpulist", f"{index * 8}-{index * 8 + 7}\n")
 
 
 def verdicts(root: Sysroot) -> list[tuple[Status, str]]:

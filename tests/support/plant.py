@@ -1,7 +1,7 @@
 """Plant the problems the fix scripts repair into copies of the real captures.
 
-Each planter also returns the findings a check emits for it under the
-contracts in COMMON.md, for tests that run before (or without) that check.
+Each planter also returns the findings its check emits for it, for tests of a
+remediation alone.
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import subprocess
 
 from auditor.model import Finding, Severity, Status
-from tests.checks.test_numa_balancing import add_node
 from tests.support.factories import make_finding
 from tests.support.sysroot import Sysroot
 
@@ -22,6 +21,11 @@ def finding(check: str, subject: str, evidence: dict[str, str], **kw: object) ->
     return make_finding(check=check, subject=subject, evidence=tuple(evidence.items()),
                         host="gpu-h200-vm", status=kw.pop("status", Status.FAIL),
                         severity=kw.pop("severity", Severity.HIGH), **kw)
+
+
+def add_node(root: Sysroot, index: int) -> None:
+    """Give the host NUMA node ``index`` with 8 CPUs of its own."""
+    root.write(f"/sys/devices/system/node/node{index}/cpulist", f"{index * 8}-{index * 8 + 7}\n")
 
 
 def plant_numa(root: Sysroot) -> list[Finding]:

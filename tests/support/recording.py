@@ -41,19 +41,20 @@ def matches_pattern(path: str, pattern: str) -> bool:
     )
 
 
-def undeclared(asked: Iterable[str], reads: Iterable[str]) -> list[str]:
-    """Return the paths asked for that no ``reads`` pattern covers.
+def _lists(path: str, pattern: str) -> bool:
+    """Return whether collecting ``pattern`` lists the directory ``path``.
 
-    A path the check listed (a directory) counts as covered when a pattern names an
-    entry below it: fetching ``/dir/*`` fetches the listing of ``/dir``.
+    The collector lists a directory where the next component of a pattern has a
+    wildcard: fetching ``/dir/*`` or ``/dir/cpu[0-9]*/x`` fetches the listing of ``/dir``.
     """
+    parts, wanted = path.strip("/").split("/"), pattern.strip("/").split("/")
+    if len(wanted) <= len(parts) or not any(c in wanted[len(parts)] for c in "*?["):
+        return False
+    return all(fnmatch.fnmatchcase(p, w) for p, w in zip(parts, wanted, strict=False))
+
+
+def undeclared(asked: Iterable[str], reads: Iterable[str]) -> list[str]:
+    """Return the paths asked for that no ``reads`` pattern covers (read, or listed)."""
     patterns = list(reads)
-    missing = []
-    for path in sorted(set(asked)):
-        covered = any(
-            matches_pattern(path, p) or matches_pattern(path + "/x", p.rsplit("/", 1)[0] + "/*")
-            for p in patterns
-        )
-        if not covered:
-            missing.append(path)
-    return missing
+    return [path for path in sorted(set(asked))
+            if not any(matches_pattern(path, p) or _lists(path, p) for p in patterns)]

@@ -1,0 +1,168 @@
+"""Per-check pass/fail cases, and the contract every registered check is held to.
+
+Each check has a cases module in ``tests/checks/cases/`` (ansible-lint ships
+``rule-<id>-pass`` / ``-fail`` examples for every rule) naming its check id and a
+list of :class:`Case`: a tree to start from (a real capture or a generated host), a
+problem planted into it by a function, the status the check must give, and for a
+fixable problem whether the fix script repairs it. ``tests/checks/test_contract.py``
+runs every case of every registered check through the same contract (a plug-in's
+test runs its own cases through :func:`check_case` and :func:`check_fix`):
+
+- the check's verdict on the tree is the one the case expects;
+- it reads nothing it did not declare in ``reads`` (its fix nothing beyond
+  ``fix_reads`` and the paths every fix reads);
+- for a fixable case: the fix renders, passes ``bash -n`` and shellcheck, turns the
+  verdict into the expected one after it ran on a copy of the tree, changes nothing
+  when run again, and its rollback restores the tree byte for byte.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from auditor.check import CheckClass
+from auditor.fix import build_fix
+from auditor.hosts import DirectoryHost
+from auditor.model import Report, Status, worst
+from auditor.policy import Policy, load_policy
+from auditor.registry import fix_reads
+from auditor.runner import audit
+from tests.support.fixkit import copy_tree, run, tree_hash, write_scripts
+from tests.support.hostgen import HostSpec, build_host
+from tests.support.recording import RecordingHost, undeclared
+from tests.support.sysroot import CAPTURES, Sysroot, extract_capture
+
+#: Makes the starting tree of a case in a directory: a real capture, or a generated host.
+Base = Callable[[Path], Sysroot]
+Plant = Callable[[Sysroot], None]
+
+
+def capture(name: str) -> Base:
+    """Start from a copy of one of the real captures (``h200``, ``virtio``)."""
+    def make(dest: Path) -> Sysroot:
+        return Sysroot(extract_capture(CAPTURES[name], dest))
+
+    make.__name__ = name
+    return make
+
+
+def generated(spec: HostSpec | None = None) -> Base:
+    """Start from a generated host (the 8-GPU Proxmox node, problems as the spec says)."""
+    def make(dest: Path) -> Sysroot:
+        return Sysroot(build_host(spec or HostSpec()).write_dir(dest))
+
+    make.__name__ = "generated"
+    return make
+
+
+def nothing(root: Sysroot) -> None:
+    """Plant nothing: the tree as it is."""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One tree and the verdict a check must give on it."""
+
+    name: str
+    expect: Status
+    plant: Plant = nothing
+    base: Base = field(default_factory=lambda: capture("h200"))
+    #: The fix script must turn the verdict into ``after`` (only for problem cases).
+    fixed: bool = False
+    after: Status = Status.PASS
+    #: Options for the check (as a policy file would set them).
+    options: tuple[tuple[str, object], ...] = ()
+
+    def tree(self, dest: Path) -> Sysroot:
+        """Build the case's tree under ``dest``."""
+        root = self.base(dest)
+        self.plant(root)
+        return root
+
+
+@dataclass(frozen=True)
+class CheckCases:
+    """The cases of one check, from its module in tests/checks/cases/."""
+
+    check: str
+    cases: tuple[Case, ...]
+
+
+def all_cases() -> dict[str, CheckCases]:
+    """Return the cases of every check that has a cases module, by check id."""
+    import tests.checks.cases as package
+
+    found: dict[str, CheckCases] = {}
+    for info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"{package.__name__}.{info.name}")
+        check_id, cases = getattr(module, "CHECK", None), getattr(module, "CASES", None)
+        if not isinstance(check_id, str) or not isinstance(cases, (list, tuple)):
+            raise TypeError(f"{module.__name__} must define CHECK (an id) and CASES")
+        if check_id in found:
+            raise TypeError(f"{module.__name__}: a second cases module for {check_id}")
+        found[check_id] = CheckCases(check_id, tuple(cases))
+    return found
+
+
+def _policy(check: CheckClass, case: Case) -> Policy:
+    if not case.options:
+        return load_policy([check])
+    return Policy(options={check.id: check.options_type.build(dict(case.options), "case",
+                                                             check.id)})
+
+
+def verdict(report: Report, check_id: str) -> Status:
+    """Return the worst status a report holds for one check."""
+    return worst(f.status for f in report.findings if f.check == check_id)
+
+
+def audit_tree(root: Path, check: CheckClass, case: Case) -> Report:
+    """Audit a tree with one check, under the case's options."""
+    policy = _policy(check, case)
+    return audit(DirectoryHost(str(root)), [check], policy)
+
+
+def check_case(check: CheckClass, case: Case, tmp: Path) -> None:
+    """Assert the check's verdict on the case's tree, and that it read only what it declared."""
+    root = case.tree(tmp / "tree")
+    report = audit_tree(root.root, check, case)
+    found = verdict(report, check.id)
+    assert found is case.expect, (case.name, [(f.status, f.subject, f.message)
+                                              for f in report.findings])
+    assert all(f.status is not Status.ERROR for f in report.findings), report.findings
+    recording = RecordingHost(str(root.root))
+    list(check(_policy(check, case).options_for(check)).evaluate(recording))
+    assert undeclared(recording.asked, check.reads) == [], case.name
+
+
+def check_fix(check: CheckClass, case: Case, tmp: Path, every: Sequence[CheckClass]) -> None:
+    """Assert the fix cycle of a problem case: render, lint, apply, re-audit, re-run, undo."""
+    assert case.fixed and case.expect is not Status.PASS, case.name
+    root = case.tree(tmp / "tree")
+    report = audit_tree(root.root, check, case)
+    assert verdict(report, check.id) is case.expect, report.findings
+    policy = _policy(check, case)
+    recording = RecordingHost(str(root.root))
+    plan = build_fix(recording, report, [check], policy)
+    allowed = (*check.reads, *fix_reads([check]))
+    assert undeclared(recording.asked, allowed) == [], case.name
+    assert plan.actions, f"{case.name}: the fix plans no step"
+    fix, rollback = write_scripts(plan, tmp)
+    copy = copy_tree(root.root, tmp / "copy")
+    before = tree_hash(copy)
+    first = run(fix, copy)
+    assert first.returncode == 0, first.stdout + first.stderr
+    fixed = tree_hash(copy)
+    assert fixed != before
+    assert verdict(audit_tree(copy, check, case), check.id) is case.after, case.name
+    again = run(fix, copy)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert tree_hash(copy) == fixed, "a second run changed the tree"
+    undone = run(rollback, copy)
+    assert undone.returncode == 0, undone.stdout + undone.stderr
+    assert tree_hash(copy) == before, "the rollback did not restore the tree byte for byte"
+    assert verdict(audit_tree(copy, check, case), check.id) is case.expect

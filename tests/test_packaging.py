@@ -1,0 +1,73 @@
+"""The package as it is built and checked: one import root, every file type-checked."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_the_wheel_installs_one_import_root_with_every_package(tmp_path: Path) -> None:
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                    "-w", str(tmp_path), str(ROOT)], check=True, capture_output=True)
+    [wheel] = tmp_path.glob("host_auditor-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        top_level = next(n for n in names if n.endswith("top_level.txt"))
+        assert archive.read(top_level).decode().split() == ["auditor"]
+        entry_points = archive.read(next(n for n in names if n.endswith("entry_points.txt")))
+    packaged = {n.rsplit("/", 1)[0] for n in names if n.endswith("/__init__.py")}
+    source = {os.path.relpath(directory, ROOT)
+              for directory, _, files in os.walk(ROOT / "auditor", followlinks=True)
+              if "__init__.py" in files}
+    assert packaged == source
+    assert any(n.startswith("auditor/templates/") and n.endswith(".j2") for n in names)
+    assert b"[host_auditor.checks]" in entry_points
+
+
+@pytest.mark.slow
+def test_plain_mypy_in_the_checkout_reports_a_type_error_in_checks(tmp_path: Path) -> None:
+    copy = tmp_path / "repo"
+    copy.mkdir()
+    for name in ("auditor", "checks", "remediations", "templates"):
+        shutil.copytree(ROOT / name, copy / name, symlinks=True,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", copy)
+    planted = copy / "checks" / "lib" / "pci.py"
+    planted.write_text(planted.read_text() + '\n\nPLANTED: int = "not an int"\n')
+    mypy = Path(sys.executable).with_name("mypy")
+    result = subprocess.run([str(mypy), "--no-incremental"], cwd=copy, capture_output=True,
+                            text=True, check=False)
+    assert result.returncode == 1, result.stdout
+    assert "auditor/checks/lib/pci.py" in result.stdout
+    assert 'Incompatible types in assignment (expression has type "str"' in result.stdout
+
+
+def test_ruff_bans_the_old_import_roots(tmp_path: Path) -> None:
+    offender = tmp_path / "offender.py"
+    offender.write_text("import checks\nfrom templates import x\n")
+    ruff = Path(sys.executable).with_name("ruff")
+    result = subprocess.run([str(ruff), "check", "--no-cache", "--config",
+                             str(ROOT / "pyproject.toml"), "--select", "TID", str(offender)],
+                            capture_output=True, text=True, check=False)
+    assert result.returncode == 1
+    assert result.stdout.count("TID251") == 2
+
+
+def test_a_json_audit_imports_neither_jinja_nor_ssh_libraries() -> None:
+    code = ("import sys; from auditor.cli import main; "
+            f"main(['local', '--root', {str(ROOT / 'tests/fixtures/hosts/h200-vm.tar.gz')!r}, "
+            "'--format', 'json']); "
+            "heavy = sorted(m for m in ('jinja2', 'fabric', 'paramiko', 'invoke') "
+            "if m in sys.modules); print(heavy, file=sys.stderr)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=False)
+    assert result.stderr.strip() == "[]"
