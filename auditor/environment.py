@@ -19,7 +19,7 @@ Evidence, strongest first:
   writes it from the ``container=`` variable LXC, nspawn, podman and others set,
   systemd's src/basic/virt.c ``detect_container``), ``/.dockerenv``,
   ``/run/.containerenv`` (podman), container paths in ``/proc/1/cgroup``, and a
-  user namespace that does not map every UID (``/proc/self/uid_map``: the initial
+  user namespace that does not map every UID (pid 1's ``uid_map``: the initial
   namespace maps ``0 0 4294967295``), which is an unprivileged container.
 """
 
@@ -38,7 +38,7 @@ SYSTEMD_CONTAINER = "/run/systemd/container"
 DOCKERENV = "/.dockerenv"
 CONTAINERENV = "/run/.containerenv"
 INIT_CGROUP = "/proc/1/cgroup"
-UID_MAP = "/proc/self/uid_map"
+UID_MAP = "/proc/1/uid_map"
 
 #: Every path :func:`environment` reads: a check that uses it lists these in ``reads``.
 READS: tuple[str, ...] = (
