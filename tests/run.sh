@@ -25,6 +25,6 @@ fi
 
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
-.venv/bin/ruff check auditor checks remediations tests bench
+.venv/bin/ruff check auditor checks remediations tests bench ansible
 .venv/bin/mypy
 exec .venv/bin/python -m pytest "$@"

@@ -40,7 +40,7 @@ class NodeExporter:
 
     def scrape(self) -> str:
         url = f"http://127.0.0.1:{self.port}/metrics"
-        with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 - loopback
+        with urllib.request.urlopen(url, timeout=10) as response:
             return str(response.read().decode())
 
     def value(self, text: str, name: str, **labels: str) -> float | None:
@@ -61,7 +61,7 @@ def node_exporter(tmp_path: Path) -> Iterator[NodeExporter]:
     textfiles.mkdir()
     textfiles.chmod(0o755)
     port = free_port()
-    log = open(tmp_path / "node_exporter.log", "wb")  # noqa: SIM115 - closed below
+    log = open(tmp_path / "node_exporter.log", "wb")
     process = subprocess.Popen(
         [NODE_EXPORTER, f"--web.listen-address=127.0.0.1:{port}",
          "--collector.disable-defaults", "--collector.textfile",
