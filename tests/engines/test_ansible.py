@@ -7,8 +7,10 @@ nothing of the machine running the tests changes. ``become`` is Ansible's (sudo)
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import runpy
 import shutil
 import subprocess
 import sys
@@ -323,7 +325,8 @@ def test_readme_recipe_runs_under_check_mode(ansible: Ansible, tmp_path: Path) -
     assert recipe.read_text() in (REPO / "README.md").read_text()
     play = yaml.safe_load(recipe.read_text())
     play[0]["hosts"] = "gpu"
-    play[0]["environment"] = {"PATH": f"{BIN}:/usr/bin:/bin"}  # where audit is installed here
+    # Where audit is installed here (a path only root may enter, on a developer's machine).
+    play[0].update(environment={"PATH": f"{BIN}:/usr/bin:/bin"}, become=True)
     play[1]["tasks"][0]["ansible.builtin.command"] = play[1]["tasks"][0][
         "ansible.builtin.command"].replace("--golden gpu-001 ", "")
     playbook = tmp_path / "recipe.yml"
@@ -341,11 +344,36 @@ def test_readme_recipe_runs_under_check_mode(ansible: Ansible, tmp_path: Path) -
 # -- the collection's documentation ---------------------------------------------------------
 
 
-def test_ansible_doc_reads_the_module_documentation() -> None:
-    from ansible_collections.host_auditor.gpuhost.plugins.module_utils.host_auditor import (
-        ARGUMENT_SPEC,
-    )
+def argument_spec() -> dict[str, dict[str, Any]]:
+    spec: dict[str, dict[str, Any]] = runpy.run_path(
+        str(COLLECTION / "plugins" / "module_utils" / "host_auditor.py"))["ARGUMENT_SPEC"]
+    return spec
 
+
+def module_strings() -> dict[str, str]:
+    tree = ast.parse((COLLECTION / "plugins" / "modules" / "audit.py").read_text())
+    return {node.targets[0].id: ast.literal_eval(node.value) for node in tree.body
+            if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
+            and node.targets[0].id in ("DOCUMENTATION", "EXAMPLES", "RETURN")}
+
+
+def test_module_documentation_is_yaml_with_the_keys_ansible_requires() -> None:
+    strings = module_strings()
+    doc = yaml.safe_load(strings["DOCUMENTATION"])
+    for key in ("module", "short_description", "description", "options", "author",
+                "version_added"):
+        assert doc.get(key), key
+    for name, option in doc["options"].items():
+        assert option.get("description") and option.get("type"), name
+    examples = yaml.safe_load(strings["EXAMPLES"])
+    assert all("host_auditor.gpuhost.audit" in task or "ansible.builtin.debug" in task
+               for task in examples)
+    for name, value in yaml.safe_load(strings["RETURN"]).items():
+        assert value.get("description") and value.get("returned") and value.get("type"), name
+
+
+def test_ansible_doc_reads_the_module_documentation() -> None:
+    ARGUMENT_SPEC = argument_spec()
     env = {**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(COLLECTIONS)}
     proc = subprocess.run([str(BIN / "ansible-doc"), "-t", "module", "--json",
                            "host_auditor.gpuhost.audit"], env=env, capture_output=True,
@@ -363,3 +391,38 @@ def test_ansible_doc_reads_the_module_documentation() -> None:
     assert yaml.safe_load(entry["examples"])
     assert {"msg", "rc", "ansible_facts", "fix", "moved"} <= set(entry["return"])
 
+
+
+def test_readme_tune_play_installed_by_ansible_galaxy(ansible: Ansible, image: Path,
+                                                      tmp_path: Path) -> None:
+    """The README's route: install the collection with ansible-galaxy, run tune.yml with
+    --check --diff, then for real, then again (on a sysroot here, not this machine)."""
+    readme = (REPO / "README.md").read_text()
+    block = readme[readme.index("# tune.yml\n"):]
+    play = yaml.safe_load(block[: block.index("```")])
+    installed = tmp_path / "collections"
+    env = {**ansible.env, "ANSIBLE_COLLECTIONS_PATH": str(installed)}
+    proc = subprocess.run([str(BIN / "ansible-galaxy"), "collection", "install", str(COLLECTION),
+                           "-p", str(installed)], env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (installed / "ansible_collections" / "host_auditor" / "gpuhost"
+            / "MANIFEST.json").exists()
+    play[0]["hosts"] = "gpu"
+    play[0]["tasks"][0]["host_auditor.gpuhost.audit"].update(root=str(image))
+    play[0]["tasks"][0]["register"] = "tune"
+    playbook = tmp_path / "tune.yml"
+    playbook.write_text(yaml.safe_dump(play, sort_keys=False))
+    before = tree_hash(image)
+    runs = []
+    for args in (["--check", "--diff"], [], []):
+        proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(ansible.inventory),
+                               str(playbook), *args], env=env, capture_output=True, text=True,
+                              timeout=300, check=False)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        runs.append(proc.stdout)
+        if args:
+            assert tree_hash(image) == before
+    assert "changed=1" in runs[0] and "+pcie.mrrs 0000:18:00.0: 4096" in runs[0]
+    assert "changed=1" in runs[1] and tree_hash(image) != before
+    assert "changed=0" in runs[2]

@@ -78,6 +78,16 @@ def _diff(lines_before, lines_after, before_header, after_header):
     }
 
 
+def replace_findings(report, findings):
+    """Return the report holding only ``findings`` (each check keeps its own)."""
+    from dataclasses import replace
+
+    kept = {id(f) for f in findings}
+    results = tuple(replace(r, findings=tuple(f for f in r.findings if id(f) in kept))
+                    for r in report.results)
+    return replace(report, results=results)
+
+
 def _tripped(report, fail_on):
     from auditor.model import FailOn
 
@@ -139,9 +149,14 @@ def run(host, reaudit, params, check_mode=False, diff_mode=False):
         for s in plan.sections
     ]
     if check_mode or not plan.actions:
+        chosen = _would_change(report, plan)
         extra = {"changed": bool(plan.actions), "fix": planned, "fix_id": plan.fix_id}
+        if check_mode and plan.actions:
+            # Judged as the host would be after the fix: what it changes does not fail.
+            fixed = {id(f) for f in chosen}
+            rest = [f for f in report.findings if id(f) not in fixed]
+            extra["failed"] = _tripped(replace_findings(report, rest), params["fail_on"])
         if diff_mode and plan.actions:
-            chosen = _would_change(report, plan)
             extra["diff"] = _diff(
                 [f"{f.check} {f.subject}: {f.observed}" for f in chosen],
                 [f"{f.check} {f.subject}: {f.expected}" for f in chosen],

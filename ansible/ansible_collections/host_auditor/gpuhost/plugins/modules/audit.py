@@ -43,7 +43,8 @@ options:
     description:
       - Fail the task when a finding is at or above this status (C(--fail-on)); V(never)
         only reports. A report after O(state=tuned) is judged, so a fix that needs a reboot
-        still fails the task until the host has rebooted.
+        still fails the task until the host has rebooted; in check mode O(state=tuned) is
+        judged as the host would be after the fix (the findings it changes do not count).
     type: str
     choices: [fail, warning, never]
     default: fail
