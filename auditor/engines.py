@@ -186,8 +186,11 @@ def write_atomic(path: str, text: str) -> None:
 
     Only a regular file (or a new one) is replaced: a device, FIFO or other special file
     (``/dev/stdout``) is written in place. The new file is made ``0666 & ~umask``, so a
-    collector running as another user (node_exporter) can read it. Raise OSError.
+    collector running as another user (node_exporter) can read it; a symlink is followed,
+    so the file it names is replaced, not the link. Raise OSError.
     """
+    if os.path.islink(path):
+        path = os.path.realpath(path)
     try:
         existing = os.stat(path)
     except FileNotFoundError:

@@ -281,6 +281,17 @@ def test_output_to_a_special_file_is_written_in_place(tmp_path: Path) -> None:
     assert fifo.is_fifo() and sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
 
 
+def test_output_through_a_symlink_replaces_the_file_it_names(tmp_path: Path) -> None:
+    real = tmp_path / "real" / "host_auditor.prom"
+    real.parent.mkdir()
+    real.write_text("old\n")
+    link = tmp_path / "link.prom"
+    link.symlink_to(real)
+    engines.write_atomic(str(link), "new\n")
+    assert link.is_symlink() and real.read_text() == "new\n"
+    assert sorted(p.name for p in real.parent.iterdir()) == ["host_auditor.prom"]
+
+
 def test_output_into_a_missing_directory_is_one_line_exit_2(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
