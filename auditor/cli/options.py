@@ -78,10 +78,12 @@ OutputOpt = Annotated[
     str | None, typer.Option("--output", "-o", help="Write the report to FILE.", metavar="FILE")
 ]
 CheckOpt = Annotated[
-    list[str] | None, typer.Option("--check", help="Run only this check id (repeatable).")
+    list[str] | None, typer.Option("--check", help="Run only this check id, or the ids a "
+                                   "pattern such as 'pcie.*' matches (repeatable).")
 ]
 SkipOpt = Annotated[
-    list[str] | None, typer.Option("--skip", help="Skip this check id (repeatable).")
+    list[str] | None, typer.Option("--skip", help="Skip this check id, or the ids a pattern "
+                                   "matches (repeatable).")
 ]
 FailOnOpt = Annotated[
     FailOn, typer.Option("--fail-on", help="Lowest status that exits 1: warning or fail.")
