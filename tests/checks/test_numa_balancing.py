@@ -56,6 +56,11 @@ def test_boot_command_line_or_kernel_default_keeps_it_off(h200: Sysroot) -> None
     [(status, message)] = verdicts(h200)
     assert (status, "command line" in message) == (Status.PASS, True)
     h200.write("/proc/cmdline", f"{cmdline} numa_balancing=enable\n")
+    [(status, message)] = verdicts(h200)
+    assert status is Status.FAIL
+    assert "numa_balancing=enable on the kernel command line sets it to 1" in message
+    # kernel/sched/core.c setup_numabalancing takes "enable" or "disable", not numbers.
+    h200.write("/proc/cmdline", f"{cmdline} numa_balancing=0\n")
     assert verdicts(h200)[0][0] is Status.WARN
     release = h200.read("/proc/sys/kernel/osrelease").strip()
     h200.write(f"/boot/config-{release}",
@@ -73,21 +78,38 @@ def test_boot_file_that_reverts_runtime_fix_fails(h200: Sysroot) -> None:
     assert "/usr/lib/sysctl.d/50-numa.conf:1" in message
 
 
-def boot_value(host: Host, key: str) -> tuple[str, str] | None:
-    found: Setting | None = boot_setting(host, key)
+def boot_value(host: Host, key: str, systemd: bool | None = None) -> tuple[str, str] | None:
+    found: Setting | None = boot_setting(host, key, systemd=systemd)
     return (found.value, found.where) if found is not None else None
 
 
-def test_boot_value_order_etc_masks_usr_lib_and_sysctl_conf_is_last(h200: Sysroot) -> None:
+def test_boot_value_order_etc_masks_usr_lib_and_sysctl_conf_counts_only_through_a_link(
+    h200: Sysroot,
+) -> None:
     h200.write("/usr/lib/sysctl.d/50-numa.conf", "kernel.numa_balancing = 1\n")
     h200.write("/etc/sysctl.d/50-numa.conf", "kernel/numa_balancing=0\n")
     host = DirectoryHost(str(h200.root))
     assert boot_value(host, "kernel.numa_balancing") == ("0", "/etc/sysctl.d/50-numa.conf:1")
-    h200.write("/etc/sysctl.d/99-z.conf", "-kernel.numa_balancing = 1\n")
+    h200.write("/etc/sysctl.d/70-z.conf", "-kernel.numa_balancing = 1\n")
     h200.write("/etc/sysctl.conf", "kernel.numa_balancing=0 \n")
+    # systemd-sysctl has not read /etc/sysctl.conf since v207.
     assert boot_value(DirectoryHost(str(h200.root)), "kernel.numa_balancing") == (
-        "0", "/etc/sysctl.conf:1"
+        "1", "/etc/sysctl.d/70-z.conf:1"
     )
+    # Through a 99-sysctl.conf link it counts, at the place that name sorts to.
+    h200.symlink("/etc/sysctl.d/99-sysctl.conf", "../sysctl.conf")
+    assert boot_value(DirectoryHost(str(h200.root)), "kernel.numa_balancing") == (
+        "0", "/etc/sysctl.d/99-sysctl.conf:1"
+    )
+    h200.symlink("/etc/sysctl.d/10-sysctl.conf", "../sysctl.conf")
+    h200.remove("/etc/sysctl.d/99-sysctl.conf")
+    assert boot_value(DirectoryHost(str(h200.root)), "kernel.numa_balancing") == (
+        "1", "/etc/sysctl.d/70-z.conf:1"
+    )
+    # procps' sysctl --system (an init without systemd) reads it last.
+    h200.remove("/etc/sysctl.d/10-sysctl.conf")
+    assert boot_value(DirectoryHost(str(h200.root)), "kernel.numa_balancing",
+                      systemd=False) == ("0", "/etc/sysctl.conf:1")
 
 
 def test_missing_runtime_file_is_skip(virtio: Sysroot) -> None:
