@@ -131,9 +131,14 @@ def _word(text: str | None) -> str:
     return match.group(0) if match else ""
 
 
+def cpuinfo(host: Host) -> str:
+    """Return /proc/cpuinfo's text, read once per host (checks share it)."""
+    return host.fact("text:" + CPUINFO, lambda h: h.read_optional(CPUINFO) or "")
+
+
 def _hypervisor(host: Host, evidence: list[str]) -> str:
-    cpuinfo = host.read_optional(CPUINFO) or ""
-    flags_line = next((line for line in cpuinfo.splitlines()
+    cpuinfo_text = cpuinfo(host)
+    flags_line = next((line for line in cpuinfo_text.splitlines()
                        if line.startswith(("flags", "Features"))), None)
     dmi_vendor = (host.read_optional(f"{DMI}/sys_vendor") or "").strip().lower()
     product = (host.read_optional(f"{DMI}/product_name") or "").strip().lower()
@@ -151,7 +156,7 @@ def _hypervisor(host: Host, evidence: list[str]) -> str:
     if xen == "xen" and "control_d" not in (host.read_optional(XEN_CAPABILITIES) or ""):
         evidence.append(f"{HYPERVISOR_TYPE} reads xen")
         return "xen"
-    if flags_line is not None and "vendor_id" in cpuinfo:
+    if flags_line is not None and "vendor_id" in cpuinfo_text:
         # x86 without the flag: bare metal, whatever the firmware's strings say.
         return ""
     for prefix, name in _VM_PRODUCTS:

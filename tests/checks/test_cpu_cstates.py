@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 
+from auditor import environment as where
 from auditor.checks.cpu_cstates import CpuCstates
+from auditor.checks.lib import tuned
 from auditor.cli import main
 from auditor.hosts import DirectoryHost
 from auditor.hosts.archive import ArchiveHost
@@ -58,7 +60,8 @@ def test_h200_driver_none_skips_with_the_reason(h200: Sysroot) -> None:
     [finding] = findings(h200)
     assert finding.status is Status.SKIP
     assert "'none'" in finding.message
-    assert "VM without cpuidle" in finding.message
+    assert "VM guest (unknown hypervisor) without cpuidle" in finding.message
+    assert "the hypervisor host's C-states decide" in finding.message
 
 
 def test_virtio_haltpoll_passes_as_a_paravirtual_guest_driver(virtio: Sysroot) -> None:
@@ -108,6 +111,7 @@ def test_intel_c6_enabled_everywhere_fails_once(h200: Sysroot) -> None:
     assert dict(c6.evidence) == {
         "driver": "intel_idle",
         "limit_us": "20",
+        "environment": "VM (unknown hypervisor)",
         "state": "state3",
         "cpus": "0-31",
         "latency_us": "170",
@@ -326,7 +330,10 @@ def test_reads_declares_every_path_and_each_file_is_read_once(h200: Sysroot) -> 
     # the driver, the offline list, the command line and two module parameters.
     assert host.listed == [CPU]
     table_reads = (states + 1) + states + 2 * (states - 1)
-    assert len(host.touched) == cpus * states + 1 + table_reads + 5
+    # Once each: where the audit runs (the environment's files) and tuned's active profile.
+    shared = [p for p in host.touched if p in (*where.READS, *tuned.READS)]
+    assert len(shared) <= len(where.READS) + 1
+    assert len(host.touched) == cpus * states + 1 + table_reads + 5 + len(shared)
 
 
 def format_odd(cpus: int) -> str:
