@@ -17,7 +17,8 @@ Evidence, strongest first:
   string but no hypervisor flag: the flag wins where there is one.
 - Container: ``/run/systemd/container`` (the container manager's name: systemd
   writes it from the ``container=`` variable LXC, nspawn, podman and others set,
-  systemd's src/basic/virt.c ``detect_container``), ``/.dockerenv``,
+  systemd's src/basic/virt.c ``detect_container``), ``/run/host/container-manager``
+  (where newer managers name themselves, read there too), ``/.dockerenv``,
   ``/run/.containerenv`` (podman), container paths in ``/proc/1/cgroup``, and a
   user namespace that does not map every UID (pid 1's ``uid_map``: the initial
   namespace maps ``0 0 4294967295``), which is an unprivileged container.
@@ -35,6 +36,8 @@ DMI = "/sys/class/dmi/id"
 HYPERVISOR_TYPE = "/sys/hypervisor/type"
 XEN_CAPABILITIES = "/proc/xen/capabilities"
 SYSTEMD_CONTAINER = "/run/systemd/container"
+#: Where newer container managers (systemd-nspawn, podman) name themselves.
+HOST_CONTAINER_MANAGER = "/run/host/container-manager"
 DOCKERENV = "/.dockerenv"
 CONTAINERENV = "/run/.containerenv"
 INIT_CGROUP = "/proc/1/cgroup"
@@ -49,6 +52,7 @@ READS: tuple[str, ...] = (
     HYPERVISOR_TYPE,
     XEN_CAPABILITIES,
     SYSTEMD_CONTAINER,
+    HOST_CONTAINER_MANAGER,
     DOCKERENV,
     CONTAINERENV,
     INIT_CGROUP,
@@ -172,10 +176,12 @@ def _hypervisor(host: Host, evidence: list[str]) -> str:
 
 def _container(host: Host, evidence: list[str]) -> tuple[str, bool]:
     name = ""
-    declared = _word(host.read_optional(SYSTEMD_CONTAINER))
-    if declared:
-        evidence.append(f"{SYSTEMD_CONTAINER} reads {declared}")
-        name = declared
+    for path in (SYSTEMD_CONTAINER, HOST_CONTAINER_MANAGER):
+        declared = _word(host.read_optional(path))
+        if declared:
+            evidence.append(f"{path} reads {declared}")
+            name = declared
+            break
     if not name and host.exists(DOCKERENV):
         evidence.append(f"{DOCKERENV} exists")
         name = "docker"
