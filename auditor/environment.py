@@ -32,6 +32,9 @@ from dataclasses import dataclass
 from auditor.hosts.base import Host
 
 CPUINFO = "/proc/cpuinfo"
+#: The clock sources the kernel found: a KVM guest has ``kvm-clock``, which tells KVM
+#: from the plain QEMU that its DMI strings name.
+CLOCKSOURCES = "/sys/devices/system/clocksource/clocksource0/available_clocksource"
 DMI = "/sys/class/dmi/id"
 HYPERVISOR_TYPE = "/sys/hypervisor/type"
 XEN_CAPABILITIES = "/proc/xen/capabilities"
@@ -46,6 +49,7 @@ UID_MAP = "/proc/1/uid_map"
 #: Every path :func:`environment` reads: a check that uses it lists these in ``reads``.
 READS: tuple[str, ...] = (
     CPUINFO,
+    CLOCKSOURCES,
     f"{DMI}/sys_vendor",
     f"{DMI}/product_name",
     f"{DMI}/board_vendor",
@@ -128,6 +132,11 @@ class Environment:
             return "bare metal"
         return " in a ".join(parts)
 
+    def inside(self) -> str:
+        """Return where the files were read: ``inside an unprivileged container (lxc)``."""
+        text = self.describe()
+        return f"inside {'an' if text[0] in 'aeiouAEIOU' else 'a'} {text}"
+
 
 def _word(text: str | None) -> str:
     value = (text or "").strip().lower()
@@ -148,6 +157,9 @@ def _hypervisor(host: Host, evidence: list[str]) -> str:
     product = (host.read_optional(f"{DMI}/product_name") or "").strip().lower()
     if flags_line is not None and "hypervisor" in flags_line.partition(":")[2].split():
         evidence.append("the hypervisor CPU flag")
+        if "kvm-clock" in (host.read_optional(CLOCKSOURCES) or "").split():
+            evidence.append("the kvm-clock clock source")
+            return "kvm"
         for prefix, name in _VM_VENDORS:
             if dmi_vendor.startswith(prefix):
                 return name

@@ -351,7 +351,7 @@ class CpuCstates(Check[CstateOptions]):
         notes = cstate_limits(host, params)
         env = where.environment(host)
         if env.in_container:
-            notes.append(f"read inside a {env.describe()}: these are the host's CPUs and "
+            notes.append(f"read {env.inside()}: these are the host's CPUs and "
                          "/sys is the host's, so the fix belongs on the host")
         note = f"; {'; '.join(notes)}" if notes else ""
         if env.vm:
@@ -449,13 +449,6 @@ class CpuCstates(Check[CstateOptions]):
         else:
             summary = f"the deepest enabled state is {deepest[1]} ({deepest[0]} us)"
         evidence = dict(base_evidence)
-        if blocked and qos is not None:
-            summary = (f"{summary}; {', '.join(blocked)} enabled but never entered: "
-                       f"{qos.holder} holds a CPU latency limit of {qos.us} us")
-            evidence["qos_us"] = str(qos.us)
-            evidence["qos_holder"] = qos.holder
-            if deepest is None:
-                summary = summary.replace("every idle state is disabled; ", "")
         if driver in GUEST_DRIVERS:
             summary = (
                 f"cpuidle driver {driver} is a paravirtual guest driver (poll, then halt into "
@@ -463,6 +456,12 @@ class CpuCstates(Check[CstateOptions]):
             )
         else:
             summary = f"{summary}, within the {limit} us limit (driver {driver})"
+        if blocked and qos is not None:
+            summary = (f"{summary}; {', '.join(blocked)} is enabled but never entered: "
+                       f"{qos.holder} holds a CPU latency limit of {qos.us} us, and cpuidle "
+                       "picks no state whose exit latency exceeds it")
+            evidence["qos_us"] = str(qos.us)
+            evidence["qos_holder"] = qos.holder
         yield self.passed(
             "cpuidle", summary + note,
             observed=f"{deepest[0]} us" if deepest else "all disabled",

@@ -33,7 +33,7 @@ from auditor.checks.lib.cpufreq import (
     read_policy,
 )
 from auditor.hosts.base import Host
-from auditor.model import Finding, Severity
+from auditor.model import Finding, Severity, Status
 from auditor.parsing import format_cpulist
 from auditor.remediations.steps import (
     Advice,
@@ -138,12 +138,15 @@ class CpuGovernor(Check[GovernorOptions]):
             yield from found
             return
         if env.in_container:
-            note = (f"; read inside a {env.describe()}: this is the host's cpufreq (/sys is the "
+            note = (f"; read {env.inside()}: this is the host's cpufreq (/sys is the "
                     "host's), so the fix belongs on the host")
         else:
             note = (f"; in a VM guest ({env.hypervisor}) the hypervisor host's governor sets "
                     "the physical CPU frequency: audit the host too")
         for finding in found:
+            if env.vm and finding.status is Status.SKIP:
+                yield finding  # it says so already
+                continue
             fix = finding.fix
             if env.in_container and fix:
                 fix = f"on the host: {fix}"

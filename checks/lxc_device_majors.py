@@ -34,6 +34,7 @@ from auditor.check import Check, CheckOptions, Trigger
 from auditor.checks.lib.lxc_config import (
     ALLOW_KEYS,
     DENY_KEYS,
+    LXC_CONFIG_DIR,
     MOUNT_KEY,
     PLAIN_LXC_GLOB,
     PROC_CGROUP,
@@ -82,6 +83,10 @@ from auditor.remediations.steps import (
 
 #: Drivers whose character major never moves.
 FIXED_MAJORS = {"nvidia": 195, "nvidiactl": 195, "drm": 226}
+#: The character majors the kernel hands out dynamically: 254 down to 234, then 511 down
+#: to 384 (fs/char_dev.c ``find_dynamic_major``: CHRDEV_MAJOR_DYN_END,
+#: CHRDEV_MAJOR_DYN_EXT_START/END). Only a rule naming one of these can be a stale one.
+DYNAMIC_MAJORS = frozenset(range(234, 255)) | frozenset(range(384, 512))
 NEED = frozenset("rw")  # opening a GPU node for CUDA or ROCm needs read and write
 
 #: Device node paths -> (driver name in /proc/devices, minor by naming convention).
@@ -328,7 +333,7 @@ class LxcDeviceMajors(Check[CheckOptions]):
             env = where.environment(host)
             if env.in_container:
                 yield self.skipped(
-                    "lxc", f"no LXC containers: the audit runs inside a {env.describe()}, where "
+                    "lxc", f"no LXC containers: the audit runs {env.inside()}, where "
                     "the host's containers and their configs are not visible; audit the host",
                     evidence={"environment": env.describe()})
             else:
@@ -627,11 +632,11 @@ class LxcDeviceMajors(Check[CheckOptions]):
         open_all = _unrestricted(view)
         if mounted:
             majors = ", ".join(sorted({f"{n.driver} {n.major}" for n in mounted}))
-            how = "bound by the nvidia hook" if all(n.via == "hook" for n in mounted) \
-                else "bind-mounted"
+            how = ("GPU nodes bound by the nvidia hook" if all(n.via == "hook" for n in mounted)
+                   else "bind-mounted GPU nodes")
             verb = (f"are not restricted ({open_all})" if open_all
                     else "are allowed at their current majors")
-            parts.append(f"{len(mounted)} {how} GPU nodes {verb} ({majors})")
+            parts.append(f"{len(mounted)} {how} {verb} ({majors})")
         if passed_through:
             parts.append(
                 f"{len(passed_through)} GPU nodes are passed through as devN entries, which "
@@ -748,8 +753,7 @@ class LxcDeviceMajors(Check[CheckOptions]):
         for node in failing:
             assert node.major is not None
             held = sorted({r.rule.major for r in live.rules
-                           if r.allow and r.rule.type == "c" and r.rule.major is not None
-                           and r.rule.major not in FIXED_MAJORS.values()
+                           if r.allow and r.rule.type == "c" and r.rule.major in DYNAMIC_MAJORS
                            and (r.rule.minor is None or node.minor is None
                                 or r.rule.minor == node.minor)})
             held_text = f" (it allows {', '.join(map(str, held))})" if held else ""
@@ -1055,7 +1059,7 @@ def _stale_rules(
     """Pair each failing node with the allow rules that most likely named its old major.
 
     A candidate is a character allow rule written in a file (not one Proxmox
-    generates or LXC ships) with a concrete major that lets rw through, allows none of
+    generates or LXC ships) with a dynamic major that lets rw through, allows none of
     the container's GPU nodes as they are now, and whose major is not a fixed GPU major
     nor one any driver holds now (``c 10:200`` is tun, and a rule for the current
     nvidia-caps major is current even when no nvidia-caps node is mounted). Its minor
@@ -1068,7 +1072,8 @@ def _stale_rules(
     pool = [
         r for r in rules
         if r.allow and r.path and r.line.number > 0 and r.rule.type == "c"
-        and r.rule.major is not None
+        and not r.path.startswith(LXC_CONFIG_DIR + "/")
+        and r.rule.major in DYNAMIC_MAJORS
         and NEED <= r.rule.access and r.rule.major not in other_majors
         and not any(r.rule.major == ma and (r.rule.minor is None or mi is None
                                             or r.rule.minor == mi) for ma, mi in live)

@@ -244,7 +244,7 @@ class NumaBalancing(Check[CheckOptions]):
     def _in_container(self, env: where.Environment, runtime: str, mode: str, nodes: list[str],
                       evidence: dict[str, str]) -> Iterable[Finding]:
         evidence = {**evidence, "environment": env.describe()}
-        context = (f"read inside a {env.describe()}: /proc/sys/kernel is the host's, and the "
+        context = (f"read {env.inside()}: /proc/sys/kernel is the host's, and the "
                    "container's own sysctl.d does not set the host's boot value")
         if len(nodes) > 1 and runtime != "0":
             yield self.failed(
@@ -321,11 +321,13 @@ class NumaBalancing(Check[CheckOptions]):
             # Nothing sets it in a file the boot reads, so boot keeps the kernel's default
             # (or the command line's): a drop-in in /etc/sysctl.d sets it after those.
             persistent.append(WriteFile(DROP_IN, f"{SYSCTL_KEY} = 0\n"))
+        advice: list[Advice] = []
         for writer in boot.writers:
             if writer.mechanism in ("tuned", "unit", "cron") and writer.value != "0":
-                notes.append(f"{writer.label} sets it to {writer.value} later at boot: change "
-                             "it there")
-        if not runtime and not persistent:
+                # Another mechanism's file is not this fix's to rewrite: name it.
+                advice.append(Advice(f"{writer.label} sets it to {writer.value} later at boot, "
+                                     "after every sysctl.d file: make it set 0, or remove it"))
+        if not runtime and not persistent and not advice:
             return []
         return [
             Remedy(
@@ -335,5 +337,6 @@ class NumaBalancing(Check[CheckOptions]):
                 runtime=runtime,
                 persistent=tuple(persistent),
                 notes=tuple(notes),
+                advice=tuple(advice),
             )
         ]

@@ -185,26 +185,28 @@ def command_sets(command: str, key: str) -> str | None:
     """Return the value a shell command writes to sysctl ``key``, or None if it does not.
 
     Knows ``sysctl [-w|-q] key=value`` and ``echo value > /proc/sys/key`` (also through
-    ``tee``), the forms a crontab or a unit uses.
+    ``tee``, and inside ``sh -c '...'``), the forms a crontab or a unit uses.
     """
     wanted = normalise(key)
     proc = "/proc/sys/" + wanted.replace(".", "/")
-    for part in _commands(command):
-        words = part.replace(">", " > ").replace("|", " | ").split()
-        if not words:
-            continue
+    unquoted = command[:_MAX_LINE].replace("'", " ").replace('"', " ")
+    for part in _commands(unquoted):
+        words = part.replace(">", " > ").replace("|", " | ").split()[:64]
         names = [w.rsplit("/", 1)[-1] for w in words]
         if "sysctl" in names:
             for word in words[names.index("sysctl") + 1:]:
-                name, sep, value = word.strip("'\"").partition("=")
+                name, sep, value = word.partition("=")
                 if sep and normalise(name) == wanted and _VALUE.fullmatch(value):
                     return value
-        if names[0] in ("echo", "printf") and proc in words:
+        if proc in words:
             target = words.index(proc)
-            if target >= 2 and words[target - 1] in (">", "tee"):
-                value = words[1].strip("'\"")
-                if _VALUE.fullmatch(value):
-                    return value
+            if target < 1 or words[target - 1] not in (">", "tee"):
+                continue
+            echo = max((i for i in range(target) if names[i] in ("echo", "printf")),
+                       default=-1)
+            values = [w for w in words[echo + 1:target] if not w.startswith("-")]
+            if echo >= 0 and values and _VALUE.fullmatch(values[0]):
+                return values[0]
     return None
 
 
