@@ -271,7 +271,7 @@ def qos_limit(host: Host, states: Sequence[IdleState]) -> QosLimit | None:
     limit in force, whoever holds it.
     """
     found: list[QosLimit] = []
-    state = tuned.active(host, host.processes())
+    state = tuned.active(host)
     if state is not None and state.force_latency is not None:
         value, path = state.force_latency
         us = force_latency_us(value, states)

@@ -15,6 +15,7 @@ from typing import ClassVar
 
 from auditor import environment as where
 from auditor.check import Check, CheckOptions, option
+from auditor.checks.lib import tuned
 from auditor.checks.lib.cpufreq import (
     AMD_STATUS,
     BOOST,
@@ -335,7 +336,7 @@ class CpuGovernor(Check[GovernorOptions]):
         return findings
 
     def _daemons(self, host: Host) -> list[Finding]:
-        running = host.processes()
+        running = tuned.processes(host)
         if running is None:
             return []
         found: dict[str, str] = {}
@@ -423,7 +424,7 @@ class CpuGovernor(Check[GovernorOptions]):
             ))
         if not params and not need_unit:
             return remedies
-        running = host.processes()
+        running = tuned.processes(host)
         daemons = sorted({daemon for process, (daemon, _) in REVERTING_DAEMONS.items()
                           if running is not None and process in running})
         known = sorted({daemon for daemon, _ in REVERTING_DAEMONS.values()})

@@ -800,11 +800,11 @@ class LxcDeviceMajors(Check[CheckOptions]):
             stale, current = ev.get("allowed_major", ""), ev.get("current_major", "")
             flavour: Flavour = "proxmox" if kind == "proxmox" else "lxc"
             if not (config.startswith("/") and current.isdigit()):
-                if "hook" in ev:
-                    remedies.append(Remedy(
-                        check=self.id, subject=container,
-                        title="the nvidia hook needs an unprivileged container",
-                        advice=(Advice(finding.fix),)))
+                if "hook" in ev or "include" in ev:
+                    title = ("the nvidia hook needs an unprivileged container" if "hook" in ev
+                             else f"lxc.include {ev['include']} does not exist")
+                    remedies.append(Remedy(check=self.id, subject=container, title=title,
+                                           advice=(Advice(finding.fix),)))
                 continue
             rule_path = ev.get("rule_path", "") or config
             try:

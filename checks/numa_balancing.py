@@ -104,10 +104,10 @@ def boot_state(host: Host) -> BootState:
     for setting in sysctl.settings(host, SYSCTL_KEY, systemd=systemd):
         writers.append(Writer("sysctl.d", setting.value, setting.where,
                               f"{_shown(host, setting)} (applied by {applier})", setting))
-    by_tuned = sysctl.tuned_writers(host, SYSCTL_KEY, host.processes())
+    by_tuned = sysctl.tuned_writers(host, SYSCTL_KEY)
     if by_tuned:
         writers.extend(by_tuned)
-        state = tuned.active(host, host.processes())
+        state = tuned.active(host)
         if state is not None and state.reapply_sysctl:
             # tuned re-applies /run/sysctl.d, /etc/sysctl.d, then /etc/sysctl.conf.
             for path in sysctl.sysctl_files(host, systemd=False,

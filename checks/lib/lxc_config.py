@@ -377,6 +377,8 @@ INCLUDE_READS: tuple[str, ...] = (
 #: LXC follows includes without a limit (a loop recurses until it fails); these bound ours.
 MAX_INCLUDE_DEPTH = 8
 MAX_INCLUDED_FILES = 64
+#: An included config is a few dozen lines; more than this is not read.
+MAX_INCLUDE_BYTES = 256 * 1024
 #: Running containers: a cgroup v2 directory exists while a container runs (Proxmox puts
 #: its containers at lxc/<id>, ``lxc.cgroup.dir.container = lxc/$vmid`` in PVE::LXC
 #: ``update_lxc_config``; LXC >= 4 at lxc.payload.<name>, older LXC at lxc/<name>), and on
@@ -578,9 +580,13 @@ class _Reader:
             self.loaded.unknown.append(f"{where}: {path} is {why}")
             return []
         try:
-            text = self.host.read_text(path)
+            text = self.host.read_text(path, MAX_INCLUDE_BYTES + 1)
         except OSError as exc:
             self.loaded.unknown.append(f"{where}: {path} cannot be read ({exc})")
+            return []
+        if len(text) > MAX_INCLUDE_BYTES:
+            self.loaded.unknown.append(f"{where}: {path} is larger than "
+                                       f"{MAX_INCLUDE_BYTES // 1024} KiB")
             return []
         self.files += 1
         self.loaded.included.append(path)

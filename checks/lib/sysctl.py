@@ -253,9 +253,9 @@ def unit_writers(host: Host, key: str) -> list[Writer]:
     return found
 
 
-def tuned_writers(host: Host, key: str, processes: frozenset[str] | None) -> list[Writer]:
+def tuned_writers(host: Host, key: str) -> list[Writer]:
     """Return what tuned sets ``key`` to at boot, where its active profile sets it."""
-    state = tuned.active(host, processes)
+    state = tuned.active(host)
     if state is None:
         return []
     found = state.sysctl.get(normalise(key))

@@ -104,15 +104,25 @@ def _load(host: Host, name: str, state: Tuned, depth: int, seen: set[str]) -> No
             state.force_latency = (value.strip(), path)
 
 
-def active(host: Host, processes: frozenset[str] | None) -> Tuned | None:
+def processes(host: Host) -> frozenset[str] | None:
+    """Return the names of running processes, listed once per host (several checks ask)."""
+    return host.fact("processes", lambda h: h.processes())
+
+
+def active(host: Host) -> Tuned | None:
     """Return what tuned's active profile sets, or None when tuned does not run at boot.
 
-    tuned counts when its unit is enabled or its daemon is seen running.
+    tuned counts when its unit is enabled or its daemon is seen running. Read once per host.
     """
+    return host.fact("tuned", _active)
+
+
+def _active(host: Host) -> Tuned | None:
     names = (host.read_optional(ACTIVE_PROFILE) or "").split()
     if not names:
         return None
-    if not (host.exists(ENABLED) or (processes is not None and "tuned" in processes)):
+    running = processes(host)
+    if not (host.exists(ENABLED) or (running is not None and "tuned" in running)):
         return None
     state = Tuned(tuple(n for n in names[:8] if _NAME.fullmatch(n)))
     main = _parse("[main]\n" + (host.read_optional(MAIN_CONF) or ""))

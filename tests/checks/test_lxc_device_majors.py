@@ -867,3 +867,27 @@ def test_only_dynamic_majors_are_taken_for_stale_ones(h200: Sysroot) -> None:
                + GPU_MOUNTS)
     for finding in evaluate(h200):
         assert dict(finding.evidence)["rule"] == ""
+
+
+def test_huge_included_file_is_not_read(h200: Sysroot) -> None:
+    h200.write("/etc/lxc/big.conf", "lxc.cgroup2.devices.allow = c 195:* rwm\n" * 20_000)
+    h200.write("/etc/pve/lxc/101.conf", PVE_HEAD + "lxc.include: /etc/lxc/big.conf\n"
+               + GPU_MOUNTS)
+    [finding] = evaluate(h200)
+    assert finding.status is Status.SKIP
+    assert "larger than 256 KiB" in finding.message
+
+
+def test_missing_include_and_privileged_hook_get_advice(h200: Sysroot) -> None:
+    from tests.support.fixkit import plan_for
+
+    h200.write("/etc/pve/lxc/101.conf", pve_config(UVM_NOW) + "lxc.include: /etc/lxc/gone.conf\n")
+    h200.write("/etc/pve/lxc/102.conf", hook_config(
+        "all", ALLOW_LIST + f"lxc.cgroup2.devices.allow: c {UVM_NOW}:* rwm\n",
+        unprivileged=False))
+    plan = plan_for(h200)
+    titles = sorted(s.remedy.title for s in plan.sections
+                    if s.remedy.check == "lxc.device_majors")
+    assert titles == ["lxc.include /etc/lxc/gone.conf does not exist",
+                      "the nvidia hook needs an unprivileged container"]
+    assert not plan.actions
