@@ -225,8 +225,16 @@ def build_lxc_host(spec: LxcSpec | None = None) -> Tree:
         deep_cstates=False, numa_balancing=False, old_kernel=False, low_mrrs=False,
         stale_lxc_major=False, uvm_major=spec.uvm_major, boot="grub",
     ))
-    for path in [p for p in tree.files if p.startswith("/etc/pve")]:
+    for path in [p for p in tree.files if p.startswith(("/etc/pve", "/boot/", "/lib/modules/"))]:
         del tree.files[path]
+    release = "6.8.0-60-generic"
+    tree.put("/proc/sys/kernel/osrelease", release + "\n")
+    tree.put("/proc/version", f"Linux version {release} (buildd@lcy02-amd64-015) #63-Ubuntu "
+             "SMP PREEMPT_DYNAMIC\n")
+    tree.put("/proc/cmdline", f"BOOT_IMAGE=/boot/vmlinuz-{release} root=/dev/mapper/vg-root "
+             "ro quiet\n")
+    tree.put(f"/boot/vmlinuz-{release}", b"\x7fELF")
+    tree.put(f"/lib/modules/{release}/modules.dep", "")
     tree.put("/etc/os-release", 'PRETTY_NAME="Ubuntu 24.04.2 LTS"\nNAME="Ubuntu"\n'
              'VERSION_ID="24.04"\nVERSION_CODENAME=noble\nID=ubuntu\nID_LIKE=debian\n')
     tree.put("/proc/1/cgroup", "0::/init.scope\n")
