@@ -150,7 +150,8 @@ class IommuMode(Check[IommuOptions]):
         tokens = cmdline_tokens(host)
         arch = architecture(host)
         try:
-            units = [n for n in host.listdir(IOMMU_CLASS) if n.isprintable()][:256]
+            units = [n for n in host.listdir(IOMMU_CLASS)
+                     if n.isprintable() and not n.startswith(".")][:256]
         except OSError:
             units = []
         lint = list(self._lint(tokens, arch))
@@ -182,6 +183,9 @@ class IommuMode(Check[IommuOptions]):
         groups = self._group_members(host)
         old_smmu = (arch == "aarch64" and any(u.startswith("smmu3.") for u in units)
                     and kernel_before(host, SMMU_IDENTITY_FIXED) is True)
+        # Passthrough is one switch for the whole host: where it would break the NVIDIA
+        # GPUs (arm-smmu-v3 before 6.11) it is not recommended for the NICs either.
+        keep_translated = old_smmu and any(d.is_nvidia_gpu for d in found.gpus)
         translated_devices: list[str] = []
         findings: list[Finding] = []
         for device in found.devices:
@@ -214,7 +218,7 @@ class IommuMode(Check[IommuOptions]):
                                                 f"is identity (passthrough){how}",
                                                 observed="identity", evidence=ev))
             elif mode.type in TRANSLATED:
-                if old_smmu and device.is_nvidia_gpu:
+                if keep_translated:
                     findings.append(self.passed(
                         device.address,
                         f"{what}: IOMMU group {group} is {mode.type}{how}; kept translated "
@@ -330,7 +334,13 @@ class IommuMode(Check[IommuOptions]):
                 reboot=True,
             )]
         if "translated" not in problems:
-            return []
+            lint = [f for f in findings if f.subject == "cmdline"]
+            if not lint:
+                return []
+            return [Remedy(
+                check=self.id, subject="cmdline", title="IOMMU tokens that do not do what they say",
+                advice=tuple(Advice(f"fix the boot configuration by hand: {f.message}")
+                             for f in lint[:8]))]
         groups = sorted({evidence(f).get("group", "") for f in findings
                          if evidence(f).get("problem") == "translated"} - {""})
         if any(v in ("pt",) for value in params(tokens, "amd_iommu") for v in value.split(",")):

@@ -113,6 +113,13 @@ class NumaPlacement(Check[CheckOptions]):
                 yield self.skipped(device.address, f"{what}: numa_node is unreadable",
                                    evidence=ev)
                 continue
+            if node < 0 and env.vm:
+                yield self.skipped(
+                    device.address,
+                    f"{what}: numa_node is -1 in a {env.describe()}: the hypervisor's "
+                    "configuration maps no guest node to it (QEMU: a pxb-pcie bus with "
+                    "numa_node=)", evidence=ev)
+                continue
             if node < 0:
                 yield self.warned(
                     device.address,

@@ -27,10 +27,12 @@ from auditor.check import Check, CheckOptions, Trigger
 from auditor.checks.lib import pci, pcicmdline
 from auditor.checks.lib.gpupath import (
     CMDLINE,
+    NODE_READS,
     VFIO_DRIVERS,
     bridges_above,
     cmdline_tokens,
     kernel_release,
+    nvlink_c2c,
     params,
     peers,
     short_list,
@@ -44,9 +46,11 @@ from auditor.remediations.boot import (
     KERNEL_CMDLINE,
     PROXMOX_BOOT_UUIDS,
 )
-from auditor.remediations.steps import FixContext, Remedy, SetPciBits, evidence
+from auditor.remediations.steps import Advice, FixContext, Remedy, SetPciBits, evidence
 
 IOMMU_CLASS = "/sys/class/iommu"
+#: amdgpu's xGMI hive of a GPU: Instinct GPUs in one hive talk over Infinity Fabric links.
+XGMI_HIVE = "/sys/bus/pci/devices/*/xgmi_hive_info/xgmi_hive_id"
 REGISTER = "ECAP_ACS+06.w"
 #: R, C and E cleared, every other bit of ACS Control kept (value:mask for setpci).
 CLEAR_VALUE, CLEAR_MASK = "0000", f"{pci.ACS_REDIRECT_BITS:04x}"
@@ -96,8 +100,10 @@ class PcieAcs(Check[CheckOptions]):
         CMDLINE,
         f"{IOMMU_CLASS}/*",
         "/proc/sys/kernel/osrelease",
+        XGMI_HIVE,
         *pci.DEVICE_READS,
         *pci.CONFIG_READS,
+        *NODE_READS,
         *environment.READS,
     )
     rationale: ClassVar[str] = (
@@ -136,10 +142,19 @@ class PcieAcs(Check[CheckOptions]):
             yield self.skipped("pcie", f"no peer traffic ({found.describe()})",
                                evidence={"peers": found.describe()})
             return
+        if any(nvlink_c2c(host, gpu) for gpu in found.gpus):
+            yield from lint
+            yield self.skipped(
+                "pcie", "Grace superchip: peer traffic uses ATS-translated addresses, and "
+                "NVIDIA's platform configuration (pci=config_acs= from rdma_topo) deliberately "
+                "keeps some redirect bits on; not judged against the PCIe-only rule")
+            return
         gpus = {d.address for d in found.gpus}
         inventory = pci.by_address(host)
+        fabric = self._fabric(host, inventory)
+        gdr = bool(found.gpus and found.rdma)
         try:
-            iommu = bool(host.listdir(IOMMU_CLASS))
+            iommu = any(not n.startswith(".") for n in host.listdir(IOMMU_CLASS))
         except OSError:
             iommu = False
         vfio = sorted(d.address for d in inventory.values() if d.driver in VFIO_DRIVERS)
@@ -194,11 +209,21 @@ class PcieAcs(Check[CheckOptions]):
             elif cover.stopped:
                 ignored = "; the kernel cannot parse the ACS device list on the command line"
             if acs.redirect & _REDIRECT:
-                status = self.failed if below_gpus else self.warned
+                downstream = cap is not None and cap.port_type == 0x6
+                if below_gpus and not fabric:
+                    status, why = self.failed, "GPU peer traffic goes up to the root complex"
+                elif gdr and downstream:
+                    status, why = self.failed, ("GPUDirect RDMA between the GPUs and NICs of "
+                                                "this switch goes up to the root complex")
+                elif below_gpus:
+                    status, why = self.warned, (f"the GPUs talk over {fabric}; this matters to "
+                                                "GPU-NIC pairs under different root ports")
+                else:
+                    status, why = self.warned, "GPUDirect RDMA peer reads are redirected"
                 findings.append(status(
                     bridge,
                     f"{port} redirects peer traffic ({' '.join(set_names)}, ACSCtl "
-                    f"{acs.control:#06x}) above {whom}{ignored}.{restore}",
+                    f"{acs.control:#06x}) above {whom}: {why}{ignored}.{restore}",
                     observed=" ".join(set_names), expected="ReqRedir- CmpltRedir- EgressCtrl-",
                     fix=f"setpci -s {bridge} {REGISTER}={CLEAR_VALUE}:{CLEAR_MASK}",
                     evidence={**ev, "problem": "redirect"}))
@@ -239,6 +264,17 @@ class PcieAcs(Check[CheckOptions]):
         yield from lint
         yield from findings
 
+    @staticmethod
+    def _fabric(host: Host, inventory: dict[str, pci.PciDevice]) -> str:
+        """Return the GPU fabric that carries GPU-to-GPU traffic instead of PCIe, or ""."""
+        switches = sum(1 for d in inventory.values() if d.is_nvswitch)
+        if switches:
+            return f"NVLink ({switches} NVSwitches)"
+        hives = [d for d in inventory.values() if d.vendor == pci.AMD_GPU and d.is_gpu
+                 and host.read_optional(f"{pci.device_path(d.address)}/xgmi_hive_info/"
+                                        "xgmi_hive_id")]
+        return f"xGMI ({len(hives)} GPUs in a hive)" if len(hives) >= 2 else ""
+
     def _lint(self, tokens: Sequence[str]) -> Iterable[Finding]:
         for value in params(tokens, "pcie_acs_override"):
             yield self.warned("cmdline", f"pcie_acs_override={value[:60]} is an out-of-tree "
@@ -260,10 +296,23 @@ class PcieAcs(Check[CheckOptions]):
         self, host: Host, findings: Sequence[Finding], context: FixContext
     ) -> list[Remedy]:
         """Clear R, C and E now with setpci, and name the ports in one boot-line token."""
+        problems = {evidence(f).get("problem", "") for f in findings}
         ports = [f for f in findings if evidence(f).get("problem") in ("redirect", "runtime-only")
                  and pci.is_pci_address(f.subject)]
+        lint: list[Remedy] = []
+        if "acs-override" in problems:
+            lint.append(Remedy(
+                check=self.id, subject="cmdline", title="pcie_acs_override does nothing here",
+                advice=(Advice("remove pcie_acs_override= from the boot configuration: stock "
+                               "kernels ignore it, and where patched it only regroups the IOMMU"),
+                        )))
         if not ports:
-            return []
+            if "repeated" in problems:
+                lint.append(Remedy(
+                    check=self.id, subject="cmdline",
+                    title="one pci=disable_acs_redir= token with every device",
+                    boot_params=(self._boot_token(host, []),), reboot=True))
+            return lint
         inventory = pci.by_address(host)
         vfio = sorted(d.address for d in inventory.values() if d.driver in VFIO_DRIVERS)
         remedies: list[Remedy] = []
@@ -297,7 +346,7 @@ class PcieAcs(Check[CheckOptions]):
             notes=tuple(notes),
             reboot=True,
         ))
-        return remedies
+        return lint + remedies
 
     def _boot_token(self, host: Host, ports: Sequence[str]) -> str:
         """Return one ``pci=`` token with every pci option kept and the ports merged in.
@@ -316,9 +365,12 @@ class PcieAcs(Check[CheckOptions]):
                     devices += pcicmdline.split_devices(option.partition("=")[2])
                 elif option not in options:
                     options.append(option)
-        for port in ports:
+        for port in sorted(ports):
             if port not in devices:
                 devices.append(port)
+        # GRUB's script language splits commands at an unquoted ``;``: escaped there, the
+        # kernel still receives ``;`` (www.gnu.org/software/grub/manual, "Shell-like
+        # scripting"). systemd-boot and /etc/kernel/cmdline pass the line as written.
         separator = "\\;" if self._edits_grub(host) else ";"
         options.append("disable_acs_redir=" + separator.join(dict.fromkeys(devices)))
         return "pci=" + ",".join(options)

@@ -31,6 +31,7 @@ from auditor.checks.lib.gpupath import NODE_READS, nvlink_c2c
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity
 from auditor.remediations.steps import (
+    Advice,
     FixContext,
     Remedy,
     RunCommand,
@@ -385,6 +386,16 @@ class PcieMrrs(Check[MrrsOptions]):
         value, mask = mrrs_setpci_value(target).split(":")
         remedies: list[Remedy] = []
         rules: list[str] = []
+        slow = sorted({(f.subject, evidence(f).get("bridge", "")) for f in findings
+                       if evidence(f).get("problem") in ("link", "path")})
+        if slow:
+            links = ", ".join(f"{bridge} (above {subject})" if bridge else subject
+                              for subject, bridge in slow[:8])
+            remedies.append(Remedy(
+                check=self.id, subject="links", title="links trained below their capability",
+                advice=(Advice(f"reseat or replace the riser, retimer or cable of {links}; check "
+                               "the slot's bifurcation and link speed settings in the BIOS; no "
+                               "software setting retrains a link to more lanes"),)))
         # udev runs RUN+= programs by absolute path: pciutils puts setpci in /usr/bin on
         # Debian-like systems and in /usr/sbin on RHEL-like ones.
         ids = {context.os_release.get("ID", ""), *context.os_release.get("ID_LIKE", "").split()}
