@@ -297,7 +297,7 @@ class IommuMode(Check[IommuOptions]):
     def _mode(self, host: Host, group: str | None, tokens: Sequence[str], arch: str) -> _Mode:
         if group is None:
             return _Mode("none")
-        text = host.read_optional(f"{GROUPS}/{group}/type")
+        text = pci.read_file(host, f"{GROUPS}/{group}/type")
         if text is not None:
             kind = text.strip()
             return _Mode(kind if kind.isprintable() and len(kind) <= 16 else "unknown")
@@ -307,7 +307,7 @@ class IommuMode(Check[IommuOptions]):
             return _Mode("identity" if chosen else "DMA",
                          "inferred from the command line: this kernel has no type file")
         release = kernel_release(host)
-        config = host.read_optional(f"/boot/config-{release}") if release and "/" not in \
+        config = pci.read_file(host, f"/boot/config-{release}", 1 << 20) if release and "/" not in \
             release else None
         if config is not None and "CONFIG_IOMMU_DEFAULT_PASSTHROUGH=y" in config:
             return _Mode("identity", f"inferred from /boot/config-{release}: this kernel has "

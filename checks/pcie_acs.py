@@ -271,8 +271,8 @@ class PcieAcs(Check[CheckOptions]):
         if switches:
             return f"NVLink ({switches} NVSwitches)"
         hives = [d for d in inventory.values() if d.vendor == pci.AMD_GPU and d.is_gpu
-                 and host.read_optional(f"{pci.device_path(d.address)}/xgmi_hive_info/"
-                                        "xgmi_hive_id")]
+                 and (pci.read_file(host, f"{pci.device_path(d.address)}/xgmi_hive_info/"
+                                            "xgmi_hive_id") or "").strip()]
         return f"xGMI ({len(hives)} GPUs in a hive)" if len(hives) >= 2 else ""
 
     def _lint(self, tokens: Sequence[str]) -> Iterable[Finding]:
@@ -379,12 +379,12 @@ class PcieAcs(Check[CheckOptions]):
     def _configured_tokens(host: Host) -> list[list[str]]:
         found: list[list[str]] = []
         for path in [GRUB_DEFAULT, *host.glob(GRUB_DROP_INS)]:
-            text = host.read_optional(path) or ""
+            text = pci.read_file(host, path, 1 << 16) or ""
             for line in text.splitlines()[:512]:
                 name, sep, value = line.strip().removeprefix("export ").partition("=")
                 if sep and name in ("GRUB_CMDLINE_LINUX", "GRUB_CMDLINE_LINUX_DEFAULT"):
                     found.append(value.strip("\"'").split()[:_TOKENS])
-        first = (host.read_optional(KERNEL_CMDLINE) or "").split("\n", 1)[0]
+        first = (pci.read_file(host, KERNEL_CMDLINE) or "").split("\n", 1)[0]
         found.append(first.split()[:_TOKENS])
         return found
 

@@ -74,7 +74,7 @@ class AerOptions(CheckOptions):
 
 def uptime_hours(host: Host) -> float | None:
     """Return the uptime in hours from /proc/uptime, or None."""
-    text = (host.read_optional(UPTIME) or "").split()
+    text = (pci.read_file(host, UPTIME, 256) or "").split()
     try:
         seconds = float(text[0]) if text else -1.0
     except ValueError:

@@ -49,7 +49,7 @@ _POWERSAVING = ("powersave", "powersupersave")
 
 def read_policy(host: Host) -> str:
     """Return the active ASPM policy (the bracketed word), or ""."""
-    text = host.read_optional(POLICY) or ""
+    text = pci.read_file(host, POLICY, 256) or ""
     for word in text.split()[:8]:
         if word.startswith("[") and word.endswith("]"):
             name = word[1:-1]

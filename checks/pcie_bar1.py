@@ -66,7 +66,7 @@ def _mib(size: int) -> str:
 
 
 def _model_memory(host: Host, address: str) -> int | None:
-    text = host.read_optional(f"/proc/driver/nvidia/gpus/{address}/information") or ""
+    text = pci.read_file(host, f"/proc/driver/nvidia/gpus/{address}/information") or ""
     for line in text.splitlines()[:32]:
         if line.startswith("Model:"):
             found = _MODEL_GB.search(line[:120])
@@ -75,7 +75,7 @@ def _model_memory(host: Host, address: str) -> int | None:
 
 
 def _rebar_enabled(host: Host) -> str:
-    text = host.read_optional(NVIDIA_PARAMS) or ""
+    text = pci.read_file(host, NVIDIA_PARAMS, 1 << 16) or ""
     for line in text.splitlines()[:256]:
         key, _, value = line.partition(":")
         if key.strip() == "EnableResizableBar":

@@ -439,5 +439,5 @@ class PcieMrrs(Check[MrrsOptions]):
 
 
 def _sysfs_id(host: Host, address: str, name: str) -> str:
-    value = (host.read_optional(f"{pci.PCI_DEVICES}/{address}/{name}") or "").lower()
+    value = (pci.read_file(host, f"{pci.PCI_DEVICES}/{address}/{name}") or "").strip().lower()
     return value if _ID.fullmatch(value) else ""

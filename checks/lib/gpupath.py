@@ -32,11 +32,7 @@ VFIO_DRIVERS = frozenset({"vfio-pci", "vfio_pci"})
 def cmdline_tokens(host: Host) -> list[str]:
     """Return the running kernel's command line split into tokens (bounded)."""
     def read(h: Host) -> list[str]:
-        try:
-            text = h.read_text(CMDLINE, _CMDLINE_LIMIT)
-        except OSError:
-            return []
-        return text.split()[:_MAX_TOKENS]
+        return (pci.read_file(h, CMDLINE, _CMDLINE_LIMIT) or "").split()[:_MAX_TOKENS]
 
     return list(host.fact("gpupath.cmdline", read))
 
@@ -54,7 +50,7 @@ def params(tokens: Iterable[str], key: str) -> list[str]:
 def architecture(host: Host) -> str:
     """Return ``x86_64``, ``aarch64`` or "" from /proc/cpuinfo (x86 names a vendor_id)."""
     def read(h: Host) -> str:
-        text = h.read_optional(CPUINFO) or ""
+        text = pci.read_file(h, CPUINFO, 1 << 16) or ""
         keys = {line.partition(":")[0].strip() for line in text.splitlines()[:64]}
         if "vendor_id" in keys:
             return "x86_64"
@@ -67,7 +63,7 @@ def architecture(host: Host) -> str:
 
 def kernel_release(host: Host) -> str:
     """Return the running kernel's release (``6.8.0-45-generic``), or ""."""
-    release = (host.read_optional(OSRELEASE) or "").strip()
+    release = (pci.read_file(host, OSRELEASE, 256) or "").strip()
     return release if release.isprintable() and len(release) <= 128 else ""
 
 
@@ -97,7 +93,7 @@ def numa_nodes(host: Host) -> NumaNodes:
             match = _NODE.fullmatch(path.rsplit("/", 1)[-1])
             if not match:
                 continue
-            cpulist = (h.read_optional(f"{path}/cpulist") or "").strip()
+            cpulist = (pci.read_file(h, f"{path}/cpulist") or "").strip()
             if cpulist:
                 cpus[int(match.group(1))] = cpulist if cpulist.isprintable() else "?"
             else:

@@ -253,9 +253,24 @@ def device_path(address: str) -> str:
     return f"{PCI_DEVICES}/{address}"
 
 
+def read_file(host: Host, path: str, limit: int = 4096) -> str | None:
+    """Return a regular file's text (at most ``limit`` bytes), or None.
+
+    None also for what is not a regular file: a FIFO planted in a sysroot would block the
+    read forever, and sysfs attributes, procfs files and captures' files are all regular.
+    """
+    entry = host.stat(path)
+    if entry is None or entry.kind != "file":
+        return None
+    try:
+        return host.read_text(path, limit)
+    except OSError:
+        return None
+
+
 def read_hex(host: Host, path: str) -> int | None:
     """Return a sysfs hex value (``0x030200``), or None if missing or not hex."""
-    text = host.read_optional(path)
+    text = (read_file(host, path) or "").strip()
     if not text:
         return None
     try:
@@ -266,8 +281,12 @@ def read_hex(host: Host, path: str) -> int | None:
 
 def read_config(host: Host, address: str) -> bytes | None:
     """Return a device's config space bytes, or None if the file cannot be read."""
+    path = f"{device_path(address)}/config"
+    entry = host.stat(path)
+    if entry is None or entry.kind != "file":
+        return None
     try:
-        return host.read_bytes(f"{device_path(address)}/config", CONFIG_READ_LIMIT)
+        return host.read_bytes(path, CONFIG_READ_LIMIT)
     except OSError:
         return None
 
@@ -600,10 +619,8 @@ _NUMBER = re.compile(r"-?[0-9]{1,19}", re.ASCII)
 
 def read_attribute(host: Host, address: str, name: str) -> str | None:
     """Return a device attribute's text, stripped (at most 4 KiB), or None if unreadable."""
-    try:
-        return host.read_text(f"{device_path(address)}/{name}", _ATTRIBUTE_LIMIT).strip()
-    except OSError:
-        return None
+    text = read_file(host, f"{device_path(address)}/{name}", _ATTRIBUTE_LIMIT)
+    return text.strip() if text is not None else None
 
 
 def read_int(host: Host, address: str, name: str) -> int | None:
@@ -648,9 +665,8 @@ _RESOURCE_LINE = re.compile(r"0x([0-9a-f]{1,16}) 0x([0-9a-f]{1,16}) 0x([0-9a-f]{
 
 def resources(host: Host, address: str) -> list[Resource] | None:
     """Return the device's ``resource`` lines in order, or None if unreadable or malformed."""
-    try:
-        text = host.read_text(f"{device_path(address)}/resource", _ATTRIBUTE_LIMIT)
-    except OSError:
+    text = read_file(host, f"{device_path(address)}/resource", _ATTRIBUTE_LIMIT)
+    if text is None:
         return None
     found: list[Resource] = []
     for line in text.splitlines()[:_MAX_RESOURCE_LINES]:
@@ -767,9 +783,8 @@ def aer_counters(host: Host, address: str) -> AerCounters | None:
     counters: dict[str, dict[str, int]] = {}
     totals: dict[str, int] = {}
     for severity, name in AER_FILES.items():
-        try:
-            text = host.read_text(f"{device_path(address)}/{name}", _ATTRIBUTE_LIMIT)
-        except OSError:
+        text = read_file(host, f"{device_path(address)}/{name}", _ATTRIBUTE_LIMIT)
+        if text is None:
             continue
         values: dict[str, int] = {}
         for line in text.splitlines()[:_AER_MAX_LINES]:
