@@ -283,7 +283,7 @@ class PcieAcs(Check[CheckOptions]):
                               evidence={"token": f"pcie_acs_override={value}"[:200],
                                         "problem": "acs-override"})
         options = pcicmdline.pci_options(tokens)
-        redirs = [o for o in options if o.startswith("disable_acs_redir=")]
+        redirs = list(dict.fromkeys(o for o in options if o.startswith("disable_acs_redir=")))
         if len(redirs) > 1:
             yield self.warned("cmdline", f"{len(redirs)} pci=disable_acs_redir= options: only "
                               "the last one counts, the others do nothing",
