@@ -247,22 +247,20 @@ class PcieAcs(Check[CheckOptions]):
                     observed="cleared at runtime", expected="cleared by the command line",
                     evidence={**ev, "problem": "runtime-only"}))
             else:
-                kept = [n for n in pci.acs_set_names(acs.control) if n]
+                kept = pci.acs_set_names(acs.control)
                 findings.append(self.passed(
                     bridge,
                     f"{port} does not redirect peer traffic (ACSCtl {acs.control:#06x}"
                     + (f": {' '.join(kept)} only" if kept else "") + ")"
                     + (f"; {cover.source} clears it" if cover.clears else ""),
                     evidence=ev))
+        yield from lint
+        yield from findings
         if needs_root:
-            yield from lint
             yield self.skipped("pcie", "needs root: ACS lives in extended config space, which "
                                f"only root can read ({len(needs_root)} port(s) above "
                                f"{found.describe()})",
                                evidence={"ports": short_list(needs_root)})
-            return
-        yield from lint
-        yield from findings
 
     @staticmethod
     def _fabric(host: Host, inventory: dict[str, pci.PciDevice]) -> str:

@@ -29,7 +29,7 @@ from auditor.check import Check, CheckOptions, Trigger, option
 from auditor.checks.lib import pci
 from auditor.checks.lib.gpupath import NODE_READS, nvlink_c2c
 from auditor.hosts.base import Host
-from auditor.model import Finding, Severity
+from auditor.model import Finding, Severity, Status
 from auditor.remediations.steps import (
     Advice,
     FixContext,
@@ -194,7 +194,7 @@ class PcieMrrs(Check[MrrsOptions]):
             judged = self._judge_device(host, address, class_code, config, target, env)
             if isinstance(judged, list):
                 findings.extend(judged)
-                if judged and not env.vm:
+                if judged and judged[0].status is not Status.SKIP and not env.vm:
                     findings.extend(self._judge_path(host, device, judged[0], ports))
             else:
                 counts[judged] += 1

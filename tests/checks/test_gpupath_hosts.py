@@ -82,3 +82,33 @@ def test_a_collection_of_the_declared_reads_replays_the_same_findings(
     narrowed = ArchiveHost(collect_tar(collected_paths([check]), root=str(root)), "narrowed")
     assert [(f.status, f.subject, f.message, f.evidence)
             for f in check().evaluate(narrowed)] == whole
+
+
+def test_hostile_bytes_in_every_file_never_crash(tmp_path: Path) -> None:
+    """Noise, huge numbers, loops and shell in every file these checks read: skips, not errors."""
+    import random
+
+    root = pcie_box().write_dir(tmp_path / "box")
+    noise = random.Random(7)
+    for path in sorted((root / "sys").rglob("*")):
+        if path.is_symlink() or not path.is_file():
+            continue
+        choice = noise.randrange(4)
+        if choice == 0:
+            path.write_bytes(bytes(noise.randrange(256) for _ in range(noise.randrange(600))))
+        elif choice == 1:
+            path.write_text("9" * 40 + "\n$(touch pwned)\n-1\n")
+        elif choice == 2 and path.name == "config":
+            data = bytearray(path.read_bytes())
+            data[0x100:0x104] = (0x100 << 20 | 0x000D).to_bytes(4, "little")  # loops
+            path.write_bytes(bytes(data))
+    (root / "proc/cmdline").write_text("pci=" + ";".join(["zz"] * 5000) + " amd_iommu=" +
+                                       "," * 3000 + " iommu=pt,nopt,off intel_iommu=\n")
+    (root / "sys/kernel/iommu_groups/11/type").write_text("DMA\x00\x1b[31m" * 100)
+    (root / "sys/class/iommu/$(reboot)").mkdir()
+    (root / "sys/bus/pci/devices/0000:ff:1f.7").symlink_to("0000:ff:1f.7")
+    source = DirectoryHost(str(root))
+    for check in CHECKS:
+        found = list(check().evaluate(source))
+        assert found and all(f.status in (P, S, W, F) for f in found), check.id
+    assert not (tmp_path / "pwned").exists() and not Path("pwned").exists()
