@@ -187,3 +187,19 @@ def test_the_fix_script_uses_real_setpci_and_rolls_back(box: Path, tmp_path: Pat
     assert run(rollback, copy).returncode == 0
     assert lspci(copy, "0000:60:01.1")["0000:60:01.1"].acs_ctl.startswith(
         "SrcValid+ TransBlk- ReqRedir+ CmpltRedir+")
+
+
+def test_repeated_lists_are_merged_into_the_one_token_that_counts(tmp_path: Path) -> None:
+    root = pcie_box(PcieBoxSpec(acs=False, translated=False)).write_dir(tmp_path / "box")
+    (root / "proc/cmdline").write_text("BOOT_IMAGE=/boot/vmlinuz ro iommu=pt "
+                                       "pci=disable_acs_redir=pci:1022:14ab "
+                                       "pci=disable_acs_redir=pci:1000:c030\n")
+    found = findings(root)
+    assert "2 pci=disable_acs_redir= options: only the last one counts" in \
+        found["cmdline"].message
+    # The root ports (named by the first list only) were cleared by hand, not at boot.
+    assert dict(found["0000:40:01.1"].evidence)["problem"] == "runtime-only"
+    assert found["0000:42:00.0"].status is Status.PASS
+    token = boot_token(root)
+    assert token.startswith("pci=realloc,disable_acs_redir=pci:1022:14ab\\;pci:1000:c030\\;")
+    assert token.count("disable_acs_redir=") == 1
