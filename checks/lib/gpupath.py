@@ -61,6 +61,20 @@ def architecture(host: Host) -> str:
     return str(host.fact("gpupath.arch", read))
 
 
+def cpu_part(host: Host) -> str:
+    """Return the first ``CPU part`` of an arm64 host's /proc/cpuinfo (``0xd4f``), or ""."""
+    def read(h: Host) -> str:
+        text = pci.read_file(h, CPUINFO, 1 << 16) or ""
+        for line in text.splitlines()[:64]:
+            key, _, value = line.partition(":")
+            if key.strip() == "CPU part":
+                part = value.strip().lower()
+                return part if len(part) <= 8 and part.isprintable() else ""
+        return ""
+
+    return str(host.fact("gpupath.cpu_part", read))
+
+
 def kernel_release(host: Host) -> str:
     """Return the running kernel's release (``6.8.0-45-generic``), or ""."""
     release = (pci.read_file(host, OSRELEASE, 256) or "").strip()
@@ -151,19 +165,22 @@ def bridges_above(targets: Sequence[pci.PciDevice]) -> dict[str, list[str]]:
 #: NVIDIA GPUs of Grace superchips (GH200), whose host traffic runs over NVLink-C2C
 #: (pci.ids: 2342 "GH100 [GH200 120GB / 480GB]", 2348 "GH100 [GH200 144G HBM3e]").
 GRACE_GPU_DEVICE_IDS = frozenset({0x2342, 0x2348})
+#: Grace's cores are Arm Neoverse V2 (MIDR part 0xd4f).
+NEOVERSE_V2 = "0xd4f"
 
 
 def nvlink_c2c(host: Host, device: pci.PciDevice) -> bool:
     """Return whether an NVIDIA GPU reaches host memory over NVLink-C2C (a Grace superchip).
 
-    Told by the GPU's device id, or on arm64 by the coherent GPU memory the driver
-    onlines as NUMA nodes without CPUs: its PCIe link then carries no host traffic.
+    Told by the GPU's device id, or on a Neoverse V2 (Grace) host by the coherent GPU
+    memory the driver onlines as NUMA nodes without CPUs: its PCIe link then carries no
+    host traffic.
     """
     if not device.is_nvidia_gpu or architecture(host) != "aarch64":
         return False
     if device.device in GRACE_GPU_DEVICE_IDS:
         return True
-    return bool(numa_nodes(host).memory_only)
+    return cpu_part(host) == NEOVERSE_V2 and bool(numa_nodes(host).memory_only)
 
 
 def short_list(items: Sequence[str], limit: int = 16) -> str:

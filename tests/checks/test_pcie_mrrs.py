@@ -673,3 +673,17 @@ def test_inside_a_container_64_bytes_means_audit_the_host(h200: Sysroot) -> None
     assert finding.status is Status.SKIP
     assert "unprivileged container (lxc)" in finding.message
     assert "audit the host" in finding.message and "needs root" not in finding.message
+
+
+def test_a_grace_gpu_of_another_id_is_told_by_its_memory_node(tmp_path: Path) -> None:
+    from tests.support.hostgen.classes import grace_hopper
+
+    root = grace_hopper().write_dir(tmp_path / "gh")
+    (root / "sys/devices/pci0009:00/0009:00:00.0/0009:01:00.0/device").write_text("0x2941\n")
+    found = {f.subject: f for f in PcieMrrs().evaluate(DirectoryHost(str(root)))}
+    assert "NVLink-C2C" in found["0009:01:00.0"].message
+    # Not a Grace CPU (another arm64 part): the GPU's PCIe link is its host link.
+    cpuinfo = root / "proc/cpuinfo"
+    cpuinfo.write_text(cpuinfo.read_text().replace("0xd4f", "0xd0c"))
+    found = {f.subject: f for f in PcieMrrs().evaluate(DirectoryHost(str(root)))}
+    assert found["0009:01:00.0"].status is Status.FAIL  # its MaxReadReq 512 now counts
