@@ -245,8 +245,8 @@ class IommuMode(Check[IommuOptions]):
                 "cmdline",
                 "the command line asks for passthrough but "
                 f"{len(translated_devices)} GPU/NIC group(s) are still translated: a later "
-                "token, iommu.strict or a forced isolation overrides it, or the device is "
-                "untrusted (external-facing)",
+                "token (iommu=nopt, iommu.passthrough=0) or amd_iommu=force_isolation overrides "
+                "it, or the devices are untrusted (external-facing ports get DMA domains)",
                 evidence={**base, "devices": short_list(translated_devices),
                           "problem": "passthrough-ignored"}))
         yield from lint
