@@ -6,8 +6,10 @@ handles per device in ``aer_dev_correctable``, ``aer_dev_nonfatal`` and ``aer_de
 (kernel 4.19+, Documentation/ABI/testing/sysfs-bus-pci-devices-aer), and per root port in
 ``aer_rootport_total_err_*``. An error may be counted at the link partner rather than at
 the device that caused it (a Surprise Down is recorded on the downstream port above the
-device), so the ports on the path are judged too. No files at all means firmware owns AER
-(firmware-first) or the kernel is older.
+device), so the ports on the path are judged too. The kernel creates the files for every
+function with the AER capability (drivers/pci/pcie/aer.c ``pci_aer_init``), also where
+firmware owns AER and reports errors through GHES; no files at all means a kernel without
+AER support (before 4.19, or CONFIG_PCIEAER off) or devices without the capability.
 
 The counters only reset at boot or re-enumeration: every finding carries the raw counts in
 its evidence as ``aer.<correctable|nonfatal|fatal>.<name>`` and ``aer.<severity>.total``
@@ -162,8 +164,9 @@ class PcieAer(Check[AerOptions]):
             findings.append(self._judge(address, what, counters, hours, ev))
         if not findings:
             yield self.skipped("pcie", "no aer_dev_* files on the GPUs, NICs or the ports above "
-                               "them: firmware owns AER (firmware-first) or the kernel predates "
-                               "4.19", evidence=base)
+                               "them: the kernel keeps no AER statistics (before 4.19, or built "
+                               "without PCIe AER) or the devices lack the AER capability",
+                               evidence=base)
             return
         yield from findings
 

@@ -143,7 +143,7 @@ class PcieBoxSpec:
     aer: bool = True
     numa: bool = True
     degraded_uplink: bool = True
-    #: Write the AER counters to sysfs (False: firmware-first AER, no aer_dev_* files).
+    #: Write the AER counters to sysfs (False: a kernel without AER statistics).
     aer_files: bool = True
     aspm_policy: str = "default"
 
