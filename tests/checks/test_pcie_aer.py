@@ -77,3 +77,19 @@ def test_inside_a_container_the_hosts_counters_are_judged(box: Path) -> None:
     port = evaluate(box)["0000:62:01.0"]
     assert port.status is Status.FAIL
     assert dict(port.evidence)["environment"] == "container (lxc): the host's counters"
+
+
+def test_the_prometheus_output_exports_each_counter_once(box: Path) -> None:
+    from auditor.policy import load_policy
+    from auditor.prom import render_prometheus
+    from auditor.runner import audit
+
+    report = audit(DirectoryHost(str(box)), [PcieAer], load_policy([PcieAer]))
+    lines = [line for line in render_prometheus([report]).splitlines()
+             if line.startswith("host_auditor_pcie_aer_errors_total{")]
+    port = [line for line in lines if 'subject="0000:62:01.0"' in line]
+    # SDES is counted in both the fatal and the non-fatal file: two series, not one.
+    assert any('kind="fatal.SDES"} 1' in line for line in port)
+    assert any('kind="nonfatal.SDES"} 0' in line for line in port)
+    assert any('kind="fatal.total"} 1' in line for line in port)
+    assert len(lines) == len(set(line.rpartition(" ")[0] for line in lines))
