@@ -133,7 +133,7 @@ class IommuMode(Check[IommuOptions]):
     )
     options_type: ClassVar[type[CheckOptions]] = IommuOptions
     profiles: ClassVar[dict[str, dict[str, object]]] = {"latency": {"translated": "fail"}}
-    events: ClassVar[frozenset[Trigger]] = frozenset({Trigger.PCI, Trigger.GPU_MODULE})
+    events: ClassVar[frozenset[Trigger]] = frozenset({Trigger.PCI})
 
     def evaluate(self, host: Host) -> Iterable[Finding]:
         env = environment.environment(host)
