@@ -33,10 +33,14 @@ UDEVD = next((p for p in ("/lib/systemd/systemd-udevd", "/usr/lib/systemd/system
 AUDIT = str(Path(sys.executable).with_name("audit"))
 
 
+#: The checks of PCI devices and the paths between them: a PCI event re-runs them.
+PCI_CHECKS = {"pcie.mrrs", "pcie.acs", "pcie.aspm", "iommu.mode", "numa.placement"}
+
+
 def test_pci_events_rerun_mrrs_and_nvidia_events_rerun_driver_checks() -> None:
-    assert affected_checks(DeviceEvent("change", "pci", "0000:00:03.0")) == {"pcie.mrrs"}
+    assert affected_checks(DeviceEvent("change", "pci", "0000:00:03.0")) == PCI_CHECKS
     gpu_bind = DeviceEvent("bind", "pci", "0000:41:00.0", driver="nvidia", vendor="0x10de")
-    assert affected_checks(gpu_bind) == {"pcie.mrrs", "lxc.device_majors", "kernel.version"}
+    assert affected_checks(gpu_bind) == {*PCI_CHECKS, "lxc.device_majors", "kernel.version"}
     module = DeviceEvent("add", "module", "nvidia_uvm")
     assert affected_checks(module) == {"lxc.device_majors", "kernel.version"}
     node = DeviceEvent("add", "nvidia-caps", "nvidia-cap1", node="/dev/nvidia-caps/nvidia-cap1")

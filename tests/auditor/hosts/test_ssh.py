@@ -31,8 +31,11 @@ pytestmark = pytest.mark.ssh
 PCI_CONFIGS = "/sys/bus/pci/devices/*/config"
 PATTERNS = [*collected_paths(load_checks()), PCI_CONFIGS, "/proc/devices"]
 #: Patterns whose matches stay put between a collection and a look at the live host
-#: (processes come and go, so their /proc entries are left out of comparisons).
-STABLE_PATTERNS = [p for p in PATTERNS if not p.startswith("/proc/[0-9]")]
+#: (processes come and go, so their /proc entries are left out of comparisons, and so are
+#: the files the kernel changes as time passes: the uptime, runtime PM time and state).
+VOLATILE = {"/proc/uptime", "/sys/bus/pci/devices/*/power/runtime_suspended_time",
+            "/sys/bus/pci/devices/*/power/runtime_status"}
+STABLE_PATTERNS = [p for p in PATTERNS if not p.startswith("/proc/[0-9]") and p not in VOLATILE]
 
 
 def open_host(env: SshEnv, user: str = SUDO, target: str | None = None,
