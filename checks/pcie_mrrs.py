@@ -161,10 +161,9 @@ class PcieMrrs(Check[MrrsOptions]):
         try:
             cap = pci.decode_pcie_capability(config)
         except pci.NeedsRoot:
+            why = host.privilege_note or f"config space readable only to {len(config)} bytes"
             return [self.skipped(
-                address,
-                f"{what}: config space readable only to {len(config)} bytes; reading the "
-                "PCI Express capability needs root",
+                address, f"{what}: the PCI Express capability was not read (needs root: {why})",
                 evidence=evidence,
             )]
         except pci.ConfigSpaceError as exc:
@@ -239,7 +238,7 @@ class PcieMrrs(Check[MrrsOptions]):
                 f"{what}: PCIe link {' and '.join(problems)}; {link}",
                 observed=f"{pci.link_speed_name(cap.link_speed)} x{cap.link_width}",
                 expected=f"{pci.link_speed_name(cap.max_link_speed)} x{cap.max_link_width}",
-                evidence={**evidence, "problem": "link"},
+                evidence={**evidence, "problem": "link"}, aspect="link",
             )
 
     # -- the fix --------------------------------------------------------------------------

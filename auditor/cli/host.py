@@ -56,9 +56,24 @@ if TYPE_CHECKING:
 
 
 def _progress(total: int) -> tuple[Callable[[Report], None] | None, Callable[[], None]]:
-    """Return a progress callback and a closer: a bar on a terminal's stderr, else nothing."""
-    if total < 2 or not sys.stderr.isatty():
+    """Return a progress callback and a closer for a run of several hosts.
+
+    On a terminal: a bar on stderr. Otherwise: one line on stderr per host that was
+    audited (a host that could not be audited already has its error line).
+    """
+    if total < 2:
         return None, lambda: None
+    if not sys.stderr.isatty():
+        done = 0
+
+        def line(report: Report) -> None:
+            nonlocal done
+            done += 1
+            if not report.error:
+                print(f"audit: [{done}/{total}] {progress_line(report)}", file=sys.stderr,
+                      flush=True)
+
+        return line, lambda: None
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
@@ -67,6 +82,17 @@ def _progress(total: int) -> tuple[Callable[[Report], None] | None, Callable[[],
     task = progress.add_task("hosts", total=total)
     progress.start()
     return (lambda report: progress.advance(task)), progress.stop
+
+
+def progress_line(report: Report) -> str:
+    """Return what one finished host's progress line says: name, status and times."""
+    from auditor.render import one_line
+
+    timing = dict(report.timing)
+    phases = ", ".join(f"{name} {timing[name]:.2f} s" for name in ("connect", "collect")
+                       if name in timing)
+    return (f"{one_line(report.host)}: {report.status.value} "
+            f"({report.duration_s:.2f} s{': ' + phases if phases else ''})")
 
 
 def _fix_remote(target: SshTarget, options: SshOptions, checks: Sequence[CheckClass],

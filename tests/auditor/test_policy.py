@@ -173,22 +173,23 @@ def waive(finding: Finding, *waivers: Waiver) -> Finding:
     return Policy(waivers=waivers).apply_waivers(finding, TODAY)
 
 
-def test_live_waiver_turns_failure_into_waived_pass() -> None:
+def test_live_waiver_keeps_the_real_status_and_marks_the_finding() -> None:
     finding = make_finding(check="pcie.mrrs", subject="0000:41:00.0", host="gpu-07")
     waived = waive(finding, Waiver("pcie.mrrs", "firmware caps it", "gpu-0*", "0000:41:*",
                                    dt.date(2027, 3, 31)))
-    assert waived.status is Status.PASS
-    assert waived.message.startswith("waived until 2027-03-31: firmware caps it [fail: ")
-    assert dict(waived.evidence)["waived"] == "fail"
+    assert waived.status is Status.FAIL and waived.waived
+    assert waived.counted is Status.PASS  # not a problem in roll-ups and the exit code
+    assert waived.waiver == "firmware caps it (until 2027-03-31)"
+    assert waived.message == finding.message and waived.evidence == finding.evidence
 
 
 def test_waiver_holds_through_its_expiry_day_and_lapses_the_day_after() -> None:
     finding = make_finding()
     on_the_day = Waiver("numa.balancing", "r", expires=TODAY)
-    assert waive(finding, on_the_day).status is Status.PASS
+    assert waive(finding, on_the_day).waived
     lapsed = Waiver("numa.balancing", "batch host", expires=TODAY - dt.timedelta(days=1))
     result = waive(finding, lapsed)
-    assert result.status is Status.FAIL
+    assert result.status is Status.FAIL and not result.waived
     assert "waiver expired on 2026-12-02: batch host" in result.message
     assert dict(result.evidence)["waiver_expired"] == "2026-12-02"
 
@@ -196,7 +197,7 @@ def test_waiver_holds_through_its_expiry_day_and_lapses_the_day_after() -> None:
 def test_expired_waiver_does_not_hide_a_later_live_one() -> None:
     lapsed = Waiver("numa.balancing", "old", expires=dt.date(2020, 1, 1))
     live = Waiver("numa.balancing", "new", expires=dt.date(2030, 1, 1))
-    assert waive(make_finding(), lapsed, live).status is Status.PASS
+    assert waive(make_finding(), lapsed, live).waiver == "new (until 2030-01-01)"
 
 
 @pytest.mark.parametrize(
@@ -213,7 +214,7 @@ def test_expired_waiver_does_not_hide_a_later_live_one() -> None:
 def test_host_and_subject_globs(host: str, subject: str, applies: bool) -> None:
     finding = make_finding(check="pcie.mrrs", host="gpu-07", subject="0000:41:00.0")
     result = waive(finding, Waiver("pcie.mrrs", "r", host, subject))
-    assert (result.status is Status.PASS) is applies
+    assert result.waived is applies
 
 
 def test_waivers_leave_pass_skip_error_and_other_checks_alone() -> None:
@@ -224,7 +225,7 @@ def test_waivers_leave_pass_skip_error_and_other_checks_alone() -> None:
     other = make_finding(check="pcie.mrrs")
     assert waive(other, waiver) == other
     warned = make_finding(status=Status.WARN)
-    assert waive(warned, waiver).status is Status.PASS
+    assert waive(warned, waiver).waived and waive(warned, waiver).status is Status.WARN
 
 
 # -- end to end: a real capture with a problem planted, through the CLI ------------------
@@ -255,9 +256,12 @@ def test_waiver_applies_end_to_end(
     code, report = audit_json(h200, "--policy", policy, capsys=capsys)
     [finding] = report["findings"]
     assert code == 0
-    assert finding["status"] == "pass"
-    assert finding["evidence"]["waived"] == "fail"
-    assert "benchmark host" in finding["message"]
+    assert finding["status"] == "fail" and finding["waived"] is True
+    assert finding["waiver"] == "benchmark host, balancing studied on purpose (until 2999-01-01)"
+    assert report["summary"]["fail"] == 0 and report["summary"]["waived"] == 1
+    assert report["checks"] == [{"check": "numa.balancing", "status": "pass",
+                                 "duration_s": report["checks"][0]["duration_s"]}]
+    assert report["policy"]["file"] == policy and len(report["policy"]["sha256"]) == 64
 
 
 def test_expired_waiver_stops_waiving_and_says_so_end_to_end(
