@@ -42,6 +42,7 @@ from auditor.cli.options import (
     emit,
     fatal,
     handle_errors,
+    note,
     prepare,
     ssh_options,
 )
@@ -99,20 +100,30 @@ def _fix_remote(target: SshTarget, options: SshOptions, checks: Sequence[CheckCl
                 policy: Policy, audit_options: AuditOptions, request: FixRequest) -> int:
     """Audit one host with the fix's extra reads, then write and/or apply its fix on the
     same connection."""
+    import datetime as dt
+    import time
+
     from auditor.cli.fix import fix
     from auditor.hosts.ssh import SshHost
     from auditor.registry import collected_paths
-    from auditor.runner import audit
+    from auditor.runner import audit, remote_report, sudo_fell_back
 
     patterns = collected_paths(checks, fix=True)
     with handle_errors(audit_options.debug), SshHost(target, options) as host:
+        started_at, started = dt.datetime.now(dt.timezone.utc), time.perf_counter()
         host.connect()
         host.collect(patterns, keep_open=request.apply)
-        report = audit(host, checks, policy, debug=audit_options.debug)
+        report = remote_report(host, audit(host, checks, policy, debug=audit_options.debug),
+                               started_at, time.perf_counter() - started)
+        fell_back = sudo_fell_back(host, options.sudo)
+        if fell_back:
+            note(f"warning: {fell_back}")
 
         def reaudit() -> Report:
+            again_at, again = dt.datetime.now(dt.timezone.utc), time.perf_counter()
             host.collect(patterns, keep_open=True)
-            return audit(host, checks, policy, debug=audit_options.debug)
+            return remote_report(host, audit(host, checks, policy, debug=audit_options.debug),
+                                 again_at, time.perf_counter() - again)
 
         report, fix_code = fix(host, report, checks, policy, request, reaudit=reaudit,
                                where=target.display, remote=True, sudo=True)
@@ -187,7 +198,9 @@ def host_command(
     fleet = FleetAudit(wanted, reach, checks, loaded, parallel=parallel, debug=debug,
                        workers=workers,
                        on_error=lambda line: print(f"audit: error: {line}", file=sys.stderr,
-                                                   flush=True))
+                                                   flush=True),
+                       on_note=lambda line: print(f"audit: warning: {line}", file=sys.stderr,
+                                                  flush=True))
     fleet.start()  # fork any workers before the progress bar starts its thread
     on_done, stop_progress = _progress(len(wanted))
     interrupted = False

@@ -25,7 +25,7 @@ from auditor.runner import one_line
 from tests.auditor.conftest import SUDO, SshEnv
 from tests.support.sshd import Sshd
 
-CONNECTIONS = 4000
+CONNECTIONS = 2000
 THREADS = 64
 
 
@@ -110,7 +110,7 @@ def test_the_stress_finds_the_race_of_one_shared_config(fast_switching: None) ->
 # -- a fleet of aliases on real sshd ----------------------------------------------------------
 
 ALIASES = 44
-RUNS = 4
+RUNS = 5
 
 
 @pytest.fixture
@@ -164,3 +164,26 @@ def test_a_host_error_is_one_line_whatever_the_exception_says() -> None:
     line = one_line(f"gpu-07: AttributeError: {text}")
     assert "\n" not in line and len(line) <= 400 and line.endswith("...")
     assert line.startswith("gpu-07: AttributeError: No attribute or config key found")
+
+
+def test_a_host_failing_with_a_long_exception_gets_one_error_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Whatever a host's failure says, its error line and report error are one line each."""
+    from auditor.cli.options import AuditOptions, prepare
+    from auditor.hosts.ssh import parse_target
+    from auditor.runner import FleetAudit
+
+    def explode(self: SshHost) -> None:
+        raise AttributeError("No attribute or config key found for 'user'\n\nValid keys: "
+                             "[]\n\nValid real attributes: ['clear', 'clone', ...]")
+
+    monkeypatch.setattr(SshHost, "connect", explode)
+    checks, policy = prepare(AuditOptions())
+    lines: list[str] = []
+    fleet = FleetAudit([parse_target("gpu-01"), parse_target("gpu-02")], SshOptions(),
+                       checks, policy, workers=1, on_error=lines.append)
+    reports = fleet.run()
+    assert len(lines) == 2 and all("\n" not in line for line in lines)
+    assert lines[0].startswith("gpu-01: AttributeError: No attribute or config key found")
+    assert [r.error for r in reports] == lines
