@@ -185,7 +185,7 @@ def host_command(
         checks, loaded = prepare(options)
         wanted = [parse_target(t) for t in targets or ()]
         for path in inventory or ():
-            wanted.extend(load_inventory(path))
+            wanted.extend(load_inventory(path, note=lambda line: note(f"note: {line}")))
         if not wanted:
             raise UsageError("no hosts given: name hosts, or pass --inventory FILE")
         reach = ssh_options(user, port, identity, sudo, timeout, accept_new_host_keys,
