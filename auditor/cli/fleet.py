@@ -36,15 +36,23 @@ from auditor.cli.options import (
     SudoOpt,
     TimeoutOpt,
     UserOpt,
+    choice,
     exit_code,
     fatal,
     handle_errors,
+    infer_format,
+    metavar,
     note,
     prepare,
     ssh_options,
     write_output,
 )
 from auditor.model import FailOn
+
+FINGERPRINT_FORMATS = ("text", "json")
+#: ``audit merge``'s formats (the fleet report; render.FLEET_FORMATS).
+MERGE_FORMATS = ("text", "json", "html", "prometheus")
+SOURCES = ("auto", "udev", "kernel")
 
 
 def fingerprint_command(
@@ -56,8 +64,10 @@ def fingerprint_command(
         typer.Option("--report", help="Fingerprint a saved JSON report instead of auditing.",
                      metavar="FILE"),
     ] = None,
-    fmt: Annotated[str, typer.Option("--format", "-f", help="text or json.",
-                                     metavar="FORMAT")] = "text",
+    fmt: Annotated[str | None, typer.Option(
+        "--format", "-f", metavar=metavar(FINGERPRINT_FORMATS),
+        callback=choice("format", FINGERPRINT_FORMATS),
+        help="Output format (default: from the --output file's extension, else text).")] = None,
     output: OutputOpt = None,
     check: CheckOpt = None,
     skip: SkipOpt = None,
@@ -69,8 +79,7 @@ def fingerprint_command(
 
     from auditor.model import fingerprint, fingerprint_inputs
 
-    if fmt not in ("text", "json"):
-        fatal(f"unknown format {fmt!r} (formats: text, json)", EXIT_USAGE)
+    fmt = infer_format(fmt, output, FINGERPRINT_FORMATS)
     if target != "local":
         fatal(f"unknown target {target!r}: use local, --root PATH or --report FILE", EXIT_USAGE)
     with handle_errors():
@@ -86,17 +95,20 @@ def fingerprint_command(
                       EXIT_USAGE)
             report = loaded.reports[0]
         else:
-            from auditor.hosts import LocalHost, open_sysroot
+            from auditor.cli.local import open_target
+            from auditor.hosts import LocalHost
             from auditor.runner import audit
 
             checks, loaded_policy = prepare(AuditOptions.of(check=check, skip=skip,
                                                             policy=policy, profile=profile))
-            host = open_sysroot(root) if root is not None else LocalHost()
-            with host:
+            with open_target(root) if root is not None else LocalHost() as host:
                 report = audit(host, checks, loaded_policy)
     stamp = fingerprint(report)
     if fmt == "json":
-        document = {"host": report.host, "fingerprint": stamp, "inputs": fingerprint_inputs(report)}
+        # What made the statuses beside what they are: the thresholds are not tuning.
+        document = {"host": report.host, "fingerprint": stamp,
+                    "tool": {"name": "host-auditor", "version": report.version},
+                    "policy": dict(report.policy), "inputs": fingerprint_inputs(report)}
         write_output(json.dumps(document, indent=2, ensure_ascii=False) + "\n", output)
     else:
         write_output(stamp + "\n", output)
@@ -119,23 +131,23 @@ def merge_command(
     results: Annotated[list[str], typer.Argument(
         help="Per-host JSON reports (audit local --format json), or directories of them.",
         metavar="RESULTS...")],
-    fmt: Annotated[str, typer.Option("--format", "-f", help="text, json, html or prometheus.",
-                                     metavar="FORMAT")] = "text",
+    fmt: Annotated[str | None, typer.Option(
+        "--format", "-f", metavar=metavar(MERGE_FORMATS), callback=choice("format", MERGE_FORMATS),
+        help="Report format (default: from the --output file's extension, else text).")] = None,
     output: OutputOpt = None,
     golden: Annotated[
         str | None,
         typer.Option("--golden", help="Diff every host against this host's results.",
                      metavar="HOST"),
     ] = None,
-    fail_on: FailOnOpt = FailOn.FAIL,
+    fail_on: FailOnOpt = "fail",
 ) -> None:
     """Merge per-host JSON results into one fleet report; diff against a golden host."""
     from auditor.fleet import fleet_view
-    from auditor.render import FLEET_FORMATS, render_merge
+    from auditor.render import render_merge
     from auditor.results import load_results
 
-    if fmt not in FLEET_FORMATS:
-        fatal(f"unknown format {fmt!r} (formats: {', '.join(FLEET_FORMATS)})", EXIT_USAGE)
+    fmt = infer_format(fmt, output, MERGE_FORMATS)
     loaded = load_results(_expand(results))
     for bad in loaded.unreadable:
         print(f"audit: error: {bad.line()}", file=sys.stderr)
@@ -152,21 +164,24 @@ def merge_command(
     write_output(render_merge(view, fmt), output)
     if loaded.unreadable:
         raise typer.Exit(EXIT_USAGE)
-    raise typer.Exit(exit_code(loaded.reports, fail_on))
+    raise typer.Exit(exit_code(loaded.reports, FailOn(fail_on)))
 
 
 def watch_command(
     check: CheckOpt = None,
     skip: SkipOpt = None,
     count: Annotated[
-        int | None, typer.Option("--count", min=1, help="Stop after N relevant device events.")
+        int | None, typer.Option("--count", min=1, metavar="N",
+                                 help="Stop after N relevant device events.")
     ] = None,
     timeout: Annotated[
         float | None, typer.Option("--timeout", min=0.0, help="Stop after S seconds.",
                                    metavar="S")
     ] = None,
     source: Annotated[
-        str, typer.Option("--source", help="auto, udev (events udevd has processed) or kernel.")
+        str, typer.Option("--source", metavar=metavar(SOURCES), callback=choice("source", SOURCES),
+                          help="udev: events udevd has processed; kernel: the kernel's own; "
+                               "auto: udev when udevd answers, else kernel.")
     ] = "auto",
     policy: PolicyOpt = None,
     profile: ProfileOpt = None,
@@ -176,8 +191,6 @@ def watch_command(
     from auditor.registry import load_checks, watched
     from auditor.watch import watch
 
-    if source not in ("auto", "udev", "kernel"):
-        fatal(f"unknown event source {source!r} (auto, udev, kernel)", EXIT_USAGE)
     with handle_errors(debug):
         checks, loaded_policy = prepare(AuditOptions.of(check=check, skip=skip, policy=policy,
                                                         profile=profile, debug=debug))

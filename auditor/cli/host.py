@@ -47,7 +47,7 @@ from auditor.cli.options import (
     ssh_options,
 )
 from auditor.errors import UsageError
-from auditor.model import FailOn, Report
+from auditor.model import Report
 
 if TYPE_CHECKING:
     from auditor.check import CheckClass
@@ -146,10 +146,10 @@ def host_command(
     identity: IdentityOpt = None,
     sudo: SudoOpt = False,
     timeout: TimeoutOpt = 10.0,
-    parallel: Annotated[int, typer.Option("--parallel", min=1,
+    parallel: Annotated[int, typer.Option("--parallel", min=1, metavar="N",
                                           help="Hosts audited at once.")] = 32,
     workers: Annotated[int | None, typer.Option(
-        "--workers", min=1,
+        "--workers", min=1, metavar="N",
         help="Processes the hosts are spread over (default: one per 16 hosts, up to the "
              "CPUs, from 4 CPUs up).")] = None,
     accept_new_host_keys: AcceptNewOpt = False,
@@ -159,11 +159,11 @@ def host_command(
         "--root", metavar="DIR",
         help="Audit (and fix) the sysroot directory DIR on the host, such as an image "
              "being prepared, instead of the host itself.")] = None,
-    fmt: FormatOpt = "text",
+    fmt: FormatOpt = None,
     output: OutputOpt = None,
     check: CheckOpt = None,
     skip: SkipOpt = None,
-    fail_on: FailOnOpt = FailOn.FAIL,
+    fail_on: FailOnOpt = "fail",
     policy: PolicyOpt = None,
     profile: ProfileOpt = None,
     debug: DebugOpt = False,

@@ -566,3 +566,52 @@ def test_apply_needs_yes_off_a_terminal_and_sudo_on_the_host(
     assert code == 1
     assert "password is required" in err and "the fix script exited 1" in err
     assert tree_hash(image) == before
+
+
+@pytest.mark.parametrize("option", ["--identity", "--ssh-config"])
+def test_a_bad_identity_or_ssh_config_is_a_usage_error_naming_it(
+    option: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Exit 2 before any host is tried (an unresolvable host would be exit 3)."""
+    hosts = ["gpu-01.invalid", "gpu-02.invalid"]
+    missing = tmp_path / "absent"
+    code, out, err = run_audit(capsys, "host", *hosts, option, str(missing))
+    assert (code, out) == (2, "")
+    assert err.startswith(f"audit: error: {missing}: no such ") and err.count("\n") == 1
+    code, _, err = run_audit(capsys, "host", *hosts, option, str(tmp_path))
+    assert code == 2 and f"{tmp_path}: " in err and "not a regular file" in err
+    code, _, err = run_audit(capsys, "snapshot", "gpu-01.invalid", "-o", str(tmp_path / "s"),
+                             option, str(missing))
+    assert code == 2 and str(missing) in err
+
+
+def test_an_ssh_config_that_does_not_parse_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "ssh_config"
+    config.write_text("Host gpu\n    HostName\n")
+    code, _, err = run_audit(capsys, "host", "gpu", "--ssh-config", str(config))
+    assert code == 2
+    assert err.startswith(f"audit: error: {config}: not a valid ssh config (") and \
+        err.count("\n") == 1
+
+
+@ssh
+def test_html_for_several_hosts_is_the_fleet_page(
+    ssh_env: SshEnv, fleet: list[Sshd], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """audit host -f html with several hosts writes the page audit merge -f html makes."""
+    dead = f"127.0.0.1:{free_port()}"
+    page = tmp_path / "fleet.html"
+    code, _, _ = run_audit(capsys, "host", fleet[0].target, fleet[1].target, dead,
+                           *ssh_env.cli_args(), "-o", str(page))
+    assert code == 3
+    html = page.read_text()
+    assert html.count('class="host-row') == 3 and 'class="grid"' in html
+    assert '<p class="summary" id="summary">' in html and "<h2>Tuning fingerprints</h2>" in html
+    # Both sshd serve this machine: one host name, so each row names its target too.
+    rows = re.findall(r'<tr class="host-row (\w+)[^"]*" data-host="([^"]+)"', html)
+    live = sorted(host.rpartition(" (")[2] for _, host in rows if "(ssh://" in host)
+    assert live == sorted(f"ssh://{SUDO}@{server.target})" for server in fleet[:2])
+    # an error keeps its case: no upper-casing style on it
+    assert re.search(r'class="muted error-text">127\.0\.0\.1:\d+: connection refused<', html)

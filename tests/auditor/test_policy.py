@@ -312,3 +312,29 @@ def test_unknown_profile_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["local", "--profile", "fastest"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unknown profile 'fastest'" in err
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ('[checks."pcie.mrrs"]\nmin_read_request_bytes = 3000\n',
+         "pcie.mrrs.min_read_request_bytes must be one of 128, 256, 512, 1024, 2048, 4096, "
+         "got 3000"),
+        ('[checks."cpu.governor"]\ngovernor = "turbo"\n',
+         "cpu.governor.governor must be one of performance, powersave, "),
+        ('[checks."cpu.cstates"]\nmax_exit_latency_us = -1\n', "max_exit_latency_us must be"),
+        ('[checks."kernel.version"]\nminimum = 6.14\n', "kernel.version.minimum must be a string"),
+    ],
+)
+def test_out_of_range_values_from_the_issue_exit_2_through_the_cli(
+    tmp_path: Path, body: str, needle: str
+) -> None:
+    """One line naming the file, the key and the values allowed; no audit runs."""
+    policy = write_policy(tmp_path, body)
+    proc = subprocess.run(
+        [sys.executable, "-m", "auditor", "local", "--policy", policy],
+        capture_output=True, text=True, check=False,
+    )
+    assert proc.returncode == 2 and proc.stdout == ""
+    [line] = proc.stderr.splitlines()
+    assert line.startswith(f"audit: error: {policy}: ") and needle in line, line
