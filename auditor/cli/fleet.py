@@ -114,17 +114,24 @@ def fingerprint_command(
         write_output(stamp + "\n", output)
 
 
-def _expand(paths: list[str]) -> list[str]:
+def _expand(paths: list[str]) -> tuple[list[str], list[str]]:
+    """Return the result files the paths name (a directory: its ``*.json`` files), and the
+    directories that hold none."""
     files: list[str] = []
+    empty: list[str] = []
     for path in paths:
         if os.path.isdir(path):
-            files.extend(
-                os.path.join(path, name) for name in sorted(os.listdir(path))
-                if name.endswith(".json")
-            )
+            try:
+                names = sorted(os.listdir(path))
+            except OSError as exc:
+                fatal(f"{path}: cannot list the directory ({exc.strerror})", EXIT_USAGE)
+            found = [os.path.join(path, name) for name in names if name.endswith(".json")]
+            if not found:
+                empty.append(path)
+            files.extend(found)
         else:
             files.append(path)
-    return files
+    return files, empty
 
 
 def merge_command(
@@ -148,16 +155,22 @@ def merge_command(
     from auditor.results import load_results
 
     fmt = infer_format(fmt, output, MERGE_FORMATS)
-    loaded = load_results(_expand(results))
+    files, empty = _expand(results)
+    loaded = load_results(files)
     for bad in loaded.unreadable:
         print(f"audit: error: {bad.line()}", file=sys.stderr)
     for line in loaded.notes:
         note(f"note: {line}")
     if not loaded.reports:
-        fatal("no readable results to merge", EXIT_USAGE)
+        where = f" ({', '.join(empty)}: no .json files)" if empty else ""
+        fatal(f"no readable results to merge{where}", EXIT_USAGE)
     hosts = {r.host for r in loaded.reports}
     if golden is not None and golden not in hosts:
-        fatal(f"golden host {golden!r} is not among the merged results", EXIT_USAGE)
+        names = sorted(hosts)
+        shown = ", ".join(names[:10]) + (f", ... ({len(names) - 10} more)" if len(names) > 10
+                                        else "")
+        fatal(f"golden host {golden!r} is not among the merged results (hosts: {shown}; a "
+              "host is named by its report's host, not its file)", EXIT_USAGE)
     if golden is not None and any(r.error for r in loaded.reports if r.host == golden):
         fatal(f"golden host {golden!r} could not be audited: pick another", EXIT_USAGE)
     view = fleet_view(loaded, golden)
