@@ -186,7 +186,7 @@ def udev_answers(control: str = UDEV_CONTROL) -> tuple[bool, str]:
             return True, "a udevd process is running (not root: it was not asked)"
         return False, f"no udevd process is running ({control} is left behind)"
     except OSError as exc:
-        return False, f"no udevd answers on {control} ({(exc.strerror or str(exc)).lower()})"
+        return False, f"no udevd answers on {control} ({exc.strerror or exc})"
     finally:
         probe.close()
     return True, f"udevd accepts connections on {control}"
