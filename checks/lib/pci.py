@@ -14,6 +14,37 @@ from dataclasses import dataclass
 from auditor.hosts.base import Host
 
 PCI_DEVICES = "/sys/bus/pci/devices"
+INFINIBAND = "/sys/class/infiniband"
+#: What :func:`devices` reads: a check that uses it lists these in its ``reads``.
+DEVICE_READS: tuple[str, ...] = (
+    f"{PCI_DEVICES}/*",
+    f"{PCI_DEVICES}/*/class",
+    f"{PCI_DEVICES}/*/vendor",
+    f"{PCI_DEVICES}/*/device",
+    f"{PCI_DEVICES}/*/driver",
+    f"{PCI_DEVICES}/*/physfn",
+    f"{INFINIBAND}/*",
+    f"{INFINIBAND}/*/device",
+)
+
+NVIDIA = 0x10DE
+AMD_GPU = 0x1002
+#: Base class / sub-class pairs (the upper 16 bits of the class code) of GPUs and
+#: accelerators: VGA (0x0300), 3D controller (0x0302, data-centre NVIDIA parts), other
+#: display controller (0x0380, AMD Instinct MI200) and processing accelerator (0x1200,
+#: AMD Instinct MI300, Habana Gaudi).
+GPU_CLASSES = frozenset({0x0300, 0x0302, 0x0380, 0x1200})
+#: Vendors whose display or accelerator functions are GPUs an inference server uses. A
+#: server's BMC display (ASPEED 0x1a03, Matrox 0x102b) and a VM's emulated display
+#: (QEMU/Bochs 0x1234, Red Hat virtio 0x1af4, VMware 0x15ad, Cirrus 0x1013) share the
+#: class codes and are not GPUs.
+GPU_VENDORS = frozenset({NVIDIA, AMD_GPU, 0x1DA3, 0x8086})  # 0x1da3 Habana, 0x8086 Intel
+#: Base class of network controllers; 0x0207 is InfiniBand.
+NETWORK_BASE_CLASS = 0x02
+INFINIBAND_CLASS = 0x0207
+#: NVIDIA "bridge, other" functions are NVSwitches.
+NVSWITCH_CLASS = 0x0680
+BRIDGE_PCI_CLASS = 0x0604
 
 #: ``domain:bus:device.function``; the domain has more than four digits behind
 #: Intel VMD. Anything else in the directory is ignored, never interpolated.
@@ -92,6 +123,110 @@ class PcieCapability:
     def is_endpoint(self) -> bool:
         """Return whether the function is an endpoint (legacy included)."""
         return self.port_type in ENDPOINT_PORT_TYPES
+
+
+@dataclass(frozen=True)
+class PciDevice:
+    """One PCI function as sysfs shows it (no config space: that needs root past 64 bytes)."""
+
+    address: str
+    class_code: int | None
+    vendor: int | None
+    device: int | None
+    driver: str
+    #: An SR-IOV virtual function seen from the host (it has a ``physfn`` link).
+    virtual_function: bool
+    #: Its canonical sysfs path (``/sys/devices/pci0000:40/0000:40:01.1/0000:41:00.0``),
+    #: "" when the entry is not a link (trees built by hand).
+    path: str
+    #: It has an RDMA device (``/sys/class/infiniband/*/device`` points at it).
+    rdma: bool = False
+
+    @property
+    def is_gpu(self) -> bool:
+        """Return whether the function is a GPU or accelerator an inference server uses.
+
+        Judged by class and vendor: a BMC's or a VM's emulated display shares the class.
+        """
+        return (self.class_code is not None and (self.class_code >> 8) in GPU_CLASSES
+                and self.vendor in GPU_VENDORS
+                and not (self.vendor == 0x8086 and (self.class_code >> 8) != 0x1200))
+
+    @property
+    def is_nvidia_gpu(self) -> bool:
+        """Return whether the function is an NVIDIA GPU."""
+        return self.is_gpu and self.vendor == NVIDIA
+
+    @property
+    def is_network(self) -> bool:
+        """Return whether the function is a network controller (Ethernet, InfiniBand, ...)."""
+        return self.class_code is not None and self.class_code >> 16 == NETWORK_BASE_CLASS
+
+    @property
+    def is_rdma_nic(self) -> bool:
+        """Return whether the function is an RDMA-capable NIC (InfiniBand class, or RoCE)."""
+        return self.is_network and (self.rdma or (self.class_code or 0) >> 8 == INFINIBAND_CLASS)
+
+    @property
+    def is_nvswitch(self) -> bool:
+        """Return whether the function is an NVIDIA NVSwitch."""
+        return (self.vendor == NVIDIA and self.class_code is not None
+                and self.class_code >> 8 == NVSWITCH_CLASS)
+
+    @property
+    def is_bridge(self) -> bool:
+        """Return whether the function is a PCI-to-PCI bridge (a root or switch port)."""
+        return self.class_code is not None and self.class_code >> 8 == BRIDGE_PCI_CLASS
+
+    def ancestors(self) -> list[str]:
+        """Return the addresses of the bridges above the function, nearest first."""
+        parts = [p for p in self.path.split("/") if is_pci_address(p)]
+        return list(reversed(parts[:-1])) if parts and parts[-1] == self.address else []
+
+
+def _rdma_addresses(host: Host) -> set[str]:
+    found: set[str] = set()
+    try:
+        names = host.listdir(INFINIBAND)
+    except OSError:
+        return found
+    for name in names[:1024]:
+        try:
+            target = host.resolve(f"{INFINIBAND}/{name}/device")
+        except OSError:
+            continue
+        last = target.rstrip("/").rsplit("/", 1)[-1]
+        if is_pci_address(last):
+            found.add(last)
+    return found
+
+
+def _read_devices(host: Host) -> tuple[PciDevice, ...]:
+    rdma = _rdma_addresses(host)
+    found: list[PciDevice] = []
+    for address in pci_addresses(host):
+        base = device_path(address)
+        ids = device_ids(host, address, b"")
+        try:
+            resolved = host.resolve(base) if host.readlink(base) is not None else ""
+        except OSError:
+            resolved = ""
+        found.append(PciDevice(
+            address=address,
+            class_code=device_class(host, address, b""),
+            vendor=ids[0] if ids else None,
+            device=ids[1] if ids else None,
+            driver=driver_name(host, address),
+            virtual_function=is_virtual_function(host, address),
+            path=resolved if resolved.startswith("/sys/devices/") else "",
+            rdma=address in rdma,
+        ))
+    return tuple(found)
+
+
+def devices(host: Host) -> tuple[PciDevice, ...]:
+    """Return every PCI function of the host as sysfs shows it, read once per host."""
+    return host.fact("pci.devices", _read_devices)
 
 
 def is_pci_address(name: str) -> bool:

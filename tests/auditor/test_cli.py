@@ -205,3 +205,20 @@ def test_a_directory_that_is_no_sysroot_is_a_usage_error(tmp_path: Path) -> None
     # one of the three is enough: a bare image's etc is audited (its checks skip)
     (tmp_path / "photos" / "etc").mkdir()
     assert run("local", "--root", str(tmp_path / "photos")).returncode == 0
+
+
+def test_an_internal_error_is_one_line_and_exit_4(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import auditor.render
+
+    def broken(*args: object, **kwargs: object) -> str:
+        raise RuntimeError("renderer\nbroke")
+
+    monkeypatch.setattr(auditor.render, "render_reports", broken)
+    assert main(["local", "--root", str(CAPTURES["h200"])]) == 4
+    err = capsys.readouterr().err
+    assert err == ("audit: internal error: RuntimeError: renderer broke "
+                   "(run with --debug for the traceback)\n")
+    with pytest.raises(RuntimeError, match="renderer"):
+        main(["local", "--root", str(CAPTURES["h200"]), "--debug"])
