@@ -143,6 +143,8 @@ def check_line(result: CheckResult) -> str:
         subjects = ", ".join(f.label for f in bad[:6]) + (" ..." if len(bad) > 6 else "")
         line = f"{len(bad)} of {len(findings)} subjects: {subjects}"
     waived = sum(1 for f in findings if f.waived)
+    if waived and len(findings) == 1:
+        return f"waived {findings[0].status.value}: {line}"
     return line + (f" ({waived} waived)" if waived else "")
 
 
@@ -318,10 +320,10 @@ def render_comparison(before: Report, after: Report) -> str:
     width = max(len(c) for c in checks)
     lines = ["before -> after:"]
     for check in checks:
-        was = worst(f.status for f in before.findings if f.check == check).value
+        was = worst(f.counted for f in before.findings if f.check == check).value
         now_findings = [f for f in after.findings if f.check == check]
-        now = worst(f.status for f in now_findings).value
-        left = [f.subject for f in now_findings if f.status in PROBLEMS]
+        now = worst(f.counted for f in now_findings).value
+        left = [f.label for f in now_findings if f.counted in PROBLEMS]
         still = f"  ({', '.join(left)})" if left else ""
         lines.append(f"  {check.ljust(width)}  {was:>5} -> {now}{still}")
     return "\n".join(lines) + "\n"

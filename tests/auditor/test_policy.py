@@ -338,3 +338,19 @@ def test_out_of_range_values_from_the_issue_exit_2_through_the_cli(
     assert proc.returncode == 2 and proc.stdout == ""
     [line] = proc.stderr.splitlines()
     assert line.startswith(f"audit: error: {policy}: ") and needle in line, line
+
+
+def test_a_waived_finding_gets_no_fix(
+    h200: Sysroot, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Waived keeps the real status, but the fix leaves the accepted finding alone."""
+    plant_numa_failure(h200)
+    fix = tmp_path / "fix.sh"
+    base = ["local", "--root", str(h200.root), "--check", "numa.balancing", "--fix-script",
+            str(fix)]
+    assert main(base) == 1
+    assert ": 2 step(s)" in capsys.readouterr().err and "numa_balancing" in fix.read_text()
+    policy = write_policy(tmp_path, '[[waivers]]\ncheck = "numa.balancing"\nreason = "study"\n')
+    assert main([*base, "--policy", policy]) == 0
+    assert ": 0 step(s)" in capsys.readouterr().err
+    assert "numa_balancing" not in fix.read_text()
