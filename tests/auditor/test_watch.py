@@ -214,3 +214,14 @@ def test_auto_source_hears_the_kernel_when_udevd_stopped_and_left_its_socket() -
     assert stopped["code"] == 0, stopped
     assert "change pci 0000:" in stopped["err"] and "re-ran pcie.mrrs" in stopped["err"]
     assert stopped["err"].splitlines()[-1] == "audit watch: stopped after 1 event"
+
+
+def test_changes_keep_two_aspects_of_one_subject_apart() -> None:
+    mrrs = make_finding(check="pcie.mrrs", subject="0000:41:00.0", status=Status.PASS,
+                        observed="4096")
+    link = make_finding(check="pcie.mrrs", subject="0000:41:00.0", status=Status.PASS,
+                        observed="x16", aspect="link", message="link x16")
+    narrow = make_finding(check="pcie.mrrs", subject="0000:41:00.0", status=Status.WARN,
+                          observed="x8", aspect="link", message="link x8 of x16")
+    assert changes([mrrs, link], [mrrs, narrow]) == [
+        "pcie.mrrs 0000:41:00.0 [link]: pass -> warn, observed 'x16' -> 'x8': link x8 of x16"]
