@@ -395,7 +395,10 @@ def load_inventory(path: str, note: Note | None = None) -> list[SshTarget]:
         yaml_file = path.endswith(YAML_SUFFIXES) or looks_like_yaml(text)
         document = load_yaml(text, path) if yaml_file else None
         beside = _vars_beside(path)
-        if isinstance(document, Mapping) and isinstance(document.get("plugin"), str):
+        if isinstance(document, Mapping) and isinstance(document.get("_meta"), Mapping):
+            # What ansible-inventory --list printed, saved to a file.
+            targets = read_ansible_json(text, path)
+        elif isinstance(document, Mapping) and isinstance(document.get("plugin"), str):
             targets = load_with_ansible(path, f"an inventory plugin config "
                                               f"({document['plugin']})")
         elif beside and ansible_inventory_command() is not None:

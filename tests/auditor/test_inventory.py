@@ -218,3 +218,12 @@ def test_audit_host_reaches_hosts_of_an_ansible_directory(
     document = json.loads(result.stdout)
     assert sorted(h["target"] for h in document["hosts"]) == sorted(
         f"ssh://{SUDO}@127.0.0.1:{server.port}" for server in fleet[:2])
+
+
+def test_a_saved_ansible_inventory_listing_is_read_as_such(tmp_path: Path) -> None:
+    listing = {"_meta": {"hostvars": {"a": {"ansible_host": "10.0.0.1", "ansible_port": 2201,
+                                            "ansible_user": "ops"}}},
+               "all": {"children": ["ungrouped", "gpu"]}, "gpu": {"hosts": ["a", "b"]}}
+    path = write(tmp_path, "listing.json", json.dumps(listing))
+    assert load_inventory(str(path)) == [SshTarget("10.0.0.1", "ops", 2201, "a"),
+                                         SshTarget("b", None, None, "b")]

@@ -225,3 +225,37 @@ def test_changes_keep_two_aspects_of_one_subject_apart() -> None:
                           observed="x8", aspect="link", message="link x8 of x16")
     assert changes([mrrs, link], [mrrs, narrow]) == [
         "pcie.mrrs 0000:41:00.0 [link]: pass -> warn, observed 'x16' -> 'x8': link x8 of x16"]
+
+
+def test_without_udevadm_a_socket_left_behind_refuses_the_probe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The probe used where udevadm cannot ask: connect to the control socket."""
+    import socket
+
+    import auditor.watch as watching
+
+    monkeypatch.setattr(watching.shutil, "which", lambda name: None)
+    control = tmp_path / "control"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(str(control))
+    listener.listen(1)
+    try:
+        assert watching.udev_answers(str(control)) == (
+            True, f"udevd accepts connections on {control}")
+    finally:
+        listener.close()  # the file stays, as a stopped udevd leaves it
+    alive, why = watching.udev_answers(str(control))
+    assert not alive and why.startswith(f"no udevd answers on {control} (")
+    assert watching.udev_answers(str(tmp_path / "none"))[0] is False
+
+
+def test_a_udevd_process_is_found_by_its_name(tmp_path: Path) -> None:
+    from auditor.watch import _udevd_running
+
+    for pid, name in (("1", "init"), ("77", "systemd-udevd"), ("self", "x")):
+        (tmp_path / pid).mkdir()
+        (tmp_path / pid / "comm").write_text(name + "\n")
+    assert _udevd_running(str(tmp_path))
+    (tmp_path / "77" / "comm").write_text("sshd\n")
+    assert not _udevd_running(str(tmp_path))
