@@ -20,6 +20,7 @@ from auditor.model import (
     count_by_status,
     fingerprint,
     raw_status,
+    worst,
 )
 from auditor.results import LoadedResults, Unreadable, no_cycle_collection
 
@@ -135,6 +136,8 @@ class FleetView:
     diffs: dict[str, list[Difference]] = field(default_factory=dict)
 
     statuses: dict[str, str] = field(default_factory=dict)
+    #: Hosts with at least one skipped finding.
+    skipped_hosts: int = 0
 
     def host_status(self, report: Report) -> str:
         """Return a host's worst status (``error`` when it could not be audited)."""
@@ -154,7 +157,7 @@ class FleetView:
 
     def skipped(self) -> int:
         """Count the hosts with at least one skipped finding (beside the roll-ups)."""
-        return sum(1 for report in self.hosts if report.skipped)
+        return self.skipped_hosts
 
     def problems(self) -> list[tuple[str, str, str, list[str]]]:
         """Return (status, check, subject, hosts) for every warn/fail/error, worst first.
@@ -239,12 +242,17 @@ def fleet_view(
 def _fleet_view(loaded: LoadedResults, golden: str | None) -> FleetView:
     cells: dict[str, dict[str, Cell]] = {}
     statuses: dict[str, str] = {}
+    skipped_hosts = 0
     for report in loaded.reports:
         row: dict[str, Cell] = {}
+        skipped = False
         for result in report.results:
             row[result.check] = Cell(status=result.status.value, findings=result.findings)
+            skipped = skipped or any(f.status is Status.SKIP for f in result.findings)
         cells[report.host] = row
-        statuses[report.host] = report.status.value
+        skipped_hosts += skipped
+        statuses[report.host] = "error" if report.error else worst(
+            Status(c.status) for c in row.values()).value
     # Worst hosts first.
     reports = sorted(loaded.reports, key=lambda r: (-Status(statuses[r.host]).order, r.host))
     checks = list(dict.fromkeys(res.check for r in reports for res in r.results))
@@ -275,4 +283,5 @@ def _fleet_view(loaded: LoadedResults, golden: str | None) -> FleetView:
         golden=golden,
         diffs=diffs,
         statuses=statuses,
+        skipped_hosts=skipped_hosts,
     )
