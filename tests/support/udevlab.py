@@ -47,6 +47,7 @@ def watch_once(*args: str) -> dict[str, Any]:
 
 
 def main() -> int:
+    os.makedirs("/run/udev", exist_ok=True)  # a machine that never ran udevd has none
     subprocess.run(["mount", "-t", "tmpfs", "tmpfs", "/run/udev"], check=True)
     udevd = subprocess.Popen([UDEVD], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     result: dict[str, Any] = {}
