@@ -384,9 +384,15 @@ def looks_like_yaml(text: str) -> bool:
 def load_inventory(path: str, note: Note | None = None) -> list[SshTarget]:
     """Read an inventory of any kind; raise a usage error (one line naming it) if unreadable.
 
-    ``note`` gets one line where the inventory is read with less than Ansible would use.
+    ``path`` may also be a comma-separated host list (``gpu01,gpu02,``), as Ansible's
+    ``-i`` takes one. ``note`` gets one line where the inventory is read with less than
+    Ansible would use.
     """
-    if os.path.isdir(path):
+    if "," in path and not os.path.exists(path):
+        # A host list, as Ansible's -i takes one: "gpu01,gpu02:2222," (no file).
+        targets = _targets(((name.strip(), {}) for name in path.split(",") if name.strip()),
+                           "host list")
+    elif os.path.isdir(path):
         targets = load_with_ansible(path, "a directory inventory")
     elif _is_script(path):
         targets = load_with_ansible(path, "an executable inventory script")

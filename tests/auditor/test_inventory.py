@@ -227,3 +227,10 @@ def test_a_saved_ansible_inventory_listing_is_read_as_such(tmp_path: Path) -> No
     path = write(tmp_path, "listing.json", json.dumps(listing))
     assert load_inventory(str(path)) == [SshTarget("10.0.0.1", "ops", 2201, "a"),
                                          SshTarget("b", None, None, "b")]
+
+
+def test_a_comma_separated_host_list_as_ansible_takes_one() -> None:
+    assert load_inventory("gpu01, ops@gpu02:2222,") == [
+        SshTarget("gpu01", None, None, "gpu01"), SshTarget("gpu02", "ops", 2222, "ops@gpu02:2222")]
+    with pytest.raises(UsageError, match="host list: host 'bad host'"):
+        load_inventory("gpu01,bad host")
