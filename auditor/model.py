@@ -83,6 +83,8 @@ class FailOn(str, enum.Enum):
     """The lowest status that makes ``audit`` exit 1 (``warning`` is kept as ``warn``)."""
 
     WARN = "warn"
+    #: The name the level had before ``warn``: the same member, kept for callers.
+    WARNING = "warn"
     FAIL = "fail"
 
     @classmethod

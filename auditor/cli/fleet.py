@@ -48,10 +48,11 @@ from auditor.cli.options import (
     write_output,
 )
 from auditor.model import FailOn
+from auditor.render import FLEET_FORMATS
 
 FINGERPRINT_FORMATS = ("text", "json")
-#: ``audit merge``'s formats (the fleet report; render.FLEET_FORMATS).
-MERGE_FORMATS = ("text", "json", "html", "prometheus")
+#: ``audit merge``'s formats (the fleet report).
+MERGE_FORMATS = FLEET_FORMATS
 SOURCES = ("auto", "udev", "kernel")
 
 
@@ -140,7 +141,8 @@ def merge_command(
         metavar="RESULTS...")],
     fmt: Annotated[str | None, typer.Option(
         "--format", "-f", metavar=metavar(MERGE_FORMATS), callback=choice("format", MERGE_FORMATS),
-        help="Report format (default: from the --output file's extension, else text).")] = None,
+        help="Report format; line: one line per host (default: from the --output file's "
+             "extension, else text).")] = None,
     output: OutputOpt = None,
     golden: Annotated[
         str | None,

@@ -20,6 +20,7 @@ import typer
 
 from auditor.errors import AuditorError, UsageError
 from auditor.model import FailOn, Report
+from auditor.render import FORMATS
 
 if TYPE_CHECKING:
     from auditor.check import CheckClass
@@ -70,7 +71,7 @@ def handle_errors(debug: bool = False) -> Iterator[None]:
 
 #: Report formats of ``audit local`` and ``audit host``, and the file extensions ``-o``
 #: infers them from when ``--format`` is not given.
-REPORT_FORMATS = ("text", "json", "markdown", "html", "junit", "prometheus")
+REPORT_FORMATS = FORMATS
 EXTENSIONS = {".txt": "text", ".json": "json", ".md": "markdown", ".markdown": "markdown",
               ".html": "html", ".htm": "html", ".xml": "junit", ".prom": "prometheus"}
 PROFILE_NAMES = ("gpu-inference", "latency", "throughput")
@@ -111,18 +112,20 @@ FormatOpt = Annotated[
     str | None,
     typer.Option("--format", "-f", metavar=metavar(REPORT_FORMATS),
                  callback=choice("format", REPORT_FORMATS),
-                 help="Report format (default: from the --output file's extension, else "
-                      "text)."),
+                 help="Report format; line: one line per host, at most 80 bytes; nfd: "
+                      "node-feature-discovery labels (default: from the --output file's "
+                      "extension, else text)."),
 ]
 OutputOpt = Annotated[
     str | None, typer.Option("--output", "-o", help="Write the report to FILE.", metavar="FILE")
 ]
 CheckOpt = Annotated[
-    list[str] | None, typer.Option("--check", metavar="ID",
-                                   help="Run only this check id (repeatable).")
+    list[str] | None, typer.Option("--check", metavar="ID", help="Run only this check id, or "
+                                   "the ids a pattern such as 'pcie.*' matches (repeatable).")
 ]
 SkipOpt = Annotated[
-    list[str] | None, typer.Option("--skip", metavar="ID", help="Skip this check id (repeatable).")
+    list[str] | None, typer.Option("--skip", metavar="ID", help="Skip this check id, or the ids "
+                                   "a pattern matches (repeatable).")
 ]
 FailOnOpt = Annotated[
     str, typer.Option("--fail-on", metavar=metavar(("warn", "fail")),
@@ -267,14 +270,15 @@ def prepare(options: AuditOptions) -> tuple[list[CheckClass], Policy]:
 
 
 def write_output(text: str, output: str | None) -> None:
-    """Write rendered text to a file, or to stdout."""
+    """Write rendered text to stdout, or to a file through a dot-file and a rename."""
+    from auditor.engines import write_atomic
+
     if output is None or output == "-":
         sys.stdout.write(text)
         sys.stdout.flush()
         return
     try:
-        with open(output, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        write_atomic(output, text)
     except OSError as exc:
         fatal(f"{output}: cannot write report ({exc.strerror})", EXIT_USAGE)
 
@@ -304,7 +308,8 @@ def emit(reports: Sequence[Report], options: AuditOptions) -> int:
 
         write_output(render_merge(view_of_reports(reports), "html"), options.output)
         return exit_code(reports, options.fail_on)
-    text = render_reports(reports, options.fmt, fail_on=options.fail_on, colour=colour)
+    with handle_errors(options.debug):
+        text = render_reports(reports, options.fmt, fail_on=options.fail_on, colour=colour)
     if options.fmt == "text" and len(reports) > 1:
         text += "\n" + render_fleet_table(reports, colour=colour)
     write_output(text, options.output)
