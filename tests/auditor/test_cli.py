@@ -122,11 +122,11 @@ def test_version_and_short_help() -> None:
 
 def test_choices_are_shown_as_choices_in_help() -> None:
     local = " ".join(run("local", "-h").stdout.split())
-    assert "[text|json|markdown|html|junit|prometheus]" in local
+    assert "[text|json|markdown|html|junit|prometheus|line|nfd]" in local
     assert "--fail-on [warn|fail]" in local
     assert "--profile [gpu-inference|latency|throughput]" in local
     assert "--source [auto|udev|kernel]" in " ".join(run("watch", "-h").stdout.split())
-    assert "[text|json|html|prometheus]" in " ".join(run("merge", "-h").stdout.split())
+    assert "[text|json|html|prometheus|line]" in " ".join(run("merge", "-h").stdout.split())
 
 
 def test_fail_on_warn_and_its_alias_warning(h200: Sysroot,
