@@ -295,10 +295,9 @@ class PcieMrrs(Check[MrrsOptions]):
                     f"{env.describe()}, where even root cannot read further; audit the host",
                     evidence={**evidence, "environment": env.describe()},
                 )]
+            why = host.privilege_note or f"config space readable only to {len(config)} bytes"
             return [self.skipped(
-                address,
-                f"{what}: config space readable only to {len(config)} bytes; reading the "
-                "PCI Express capability needs root",
+                address, f"{what}: the PCI Express capability was not read (needs root: {why})",
                 evidence=evidence,
             )]
         except pci.ConfigSpaceError as exc:
@@ -373,7 +372,7 @@ class PcieMrrs(Check[MrrsOptions]):
                 f"{what}: PCIe link {' and '.join(problems)}; {link}",
                 observed=f"{pci.link_speed_name(cap.link_speed)} x{cap.link_width}",
                 expected=f"{pci.link_speed_name(cap.max_link_speed)} x{cap.max_link_width}",
-                evidence={**evidence, "problem": "link"},
+                evidence={**evidence, "problem": "link"}, aspect="link",
             )
 
     # -- the fix --------------------------------------------------------------------------

@@ -384,6 +384,8 @@ def test_link_trained_below_max_width_warns_beside_the_mrrs_pass(h200: Sysroot) 
     assert [f.status for f in findings] == [Status.PASS, Status.WARN]
     warn = findings[1]
     assert dict(warn.evidence)["problem"] == "link"
+    # one subject, two judgements: the aspect keeps their keys apart
+    assert [f.key for f in findings] == [("pcie.mrrs", GPU, ""), ("pcie.mrrs", GPU, "link")]
     assert "x8 of x16" in warn.message
     assert warn.fix == ""  # nothing a script can do about lanes
     assert_agrees_with_lspci(warn, lspci(h200, GPU)[GPU])
