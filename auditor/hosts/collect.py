@@ -29,11 +29,12 @@ import tarfile
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import BinaryIO
 
 from auditor import environment
 from auditor.errors import CollectError
-from auditor.hosts import collector_script
+from auditor.hosts import collector_script, treeio
 
 FILE_CAP = collector_script.FILE_CAP
 
@@ -149,6 +150,10 @@ if [ "$1" = -r ]; then
     R=${2%/}
     shift 2
     if [ ! -d "$R/" ]; then printf '%s: no such directory\n' "$R" >&2; exit 2; fi
+    # sh can only open a path by name: a tree that changes under it could send a read
+    # outside. Reading a sysroot safely needs openat, which the python3 collector has.
+    printf '%s: reading a sysroot needs python3 on the host\n' "$R" >&2
+    exit 2
 fi
 printf 'sh uid=%s\n' "$(id -u)"
 IFS=
@@ -190,10 +195,23 @@ exec $run sh -c "$shcollector" sh "$@"
 """
 
 
+def module_sources(*modules: ModuleType) -> bytes:
+    """Return the modules' sources joined into one program (sent to a remote ``python3``).
+
+    A later module finds the names an earlier one defined already in place of its import.
+    """
+    parts: list[bytes] = []
+    for module in modules:
+        path = module.__file__
+        assert path is not None
+        with open(path, "rb") as handle:
+            parts.append(handle.read())
+    return b"\n".join(parts)
+
+
 def _collector_source() -> bytes:
-    path = collector_script.__file__
-    with open(path, "rb") as handle:
-        source = handle.read()
+    # treeio first: the collector reads a remote sysroot (--root) through it.
+    source = module_sources(treeio, collector_script)
     # Docstrings and comments stay: they cost a few hundred bytes after zlib.
     return base64.b64encode(zlib.compress(source, 9))
 
