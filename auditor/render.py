@@ -7,6 +7,7 @@ lines of an applied fix. Every function returns text; the CLI writes it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shlex
@@ -81,6 +82,12 @@ def shell_comment(value: Any) -> ShellLiteral:
 def _shell_finalize(value: Any) -> str:
     # Every expression in a shell template is quoted unless marked with |literal.
     return shell_quote(value)
+
+
+def printable_lines(text: str) -> str:
+    """Return text with each line's control characters (ANSI escapes too) made visible."""
+    return "".join(_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", line) + "\n"
+                   for line in text.splitlines())
 
 
 def one_line(text: Any) -> str:
@@ -268,11 +275,51 @@ class RenderedFix:
     rollback: str
 
 
+def heredoc_end(name: str, text: str) -> str:
+    """Return a here-document delimiter that no line of ``text`` equals.
+
+    It carries a hash of the text, so no line of the text (a value read from the host
+    holding a newline and the delimiter included) can be it.
+    """
+    lines = set(text.split("\n"))
+    digest = hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest().upper()
+    for width in (12, 24, 64):
+        end = f"HOST_AUDITOR_{name}_{digest[:width]}"
+        if end not in lines:
+            return end
+    raise ValueError("no here-document delimiter fits")  # pragma: no cover
+
+
 def render_fix(plan: FixPlan) -> RenderedFix:
-    """Render the bash scripts that apply the plan and undo it."""
+    """Render the bash scripts that apply the plan and undo it.
+
+    A booted machine's scripts are bash. A sysroot's hand the plan to python3, which opens
+    every path inside the sysroot (:mod:`auditor.hosts.sysroot_fix`): bash cannot.
+    """
+    from auditor.remediations.steps import describe
+
     env = make_environment("shell")
-    rollback = env.get_template("rollback.sh.j2").render(plan=plan)
-    script = env.get_template("fix.sh.j2").render(plan=plan, rollback_text=rollback)
+    env.globals["describe"] = describe
+    if not plan.sysroot:
+        rollback = env.get_template("rollback.sh.j2").render(plan=plan)
+        script = env.get_template("fix.sh.j2").render(
+            plan=plan, rollback_text=rollback, rollback_end=heredoc_end("ROLLBACK", rollback))
+        return RenderedFix(script, rollback)
+    from auditor.hosts import sysroot_fix, treeio
+    from auditor.hosts.collect import module_sources
+
+    program = module_sources(treeio, sysroot_fix).decode("utf-8")
+    plan_json = json.dumps(plan.document(), ensure_ascii=True, sort_keys=True,
+                           separators=(",", ":"))
+    common: dict[str, Any] = {
+        "plan": plan, "plan_json": plan_json, "program": program,
+        "plan_end": heredoc_end("PLAN", plan_json),
+        "program_end": heredoc_end("PROGRAM", program),
+    }
+    template = env.get_template("fix_sysroot.sh.j2")
+    rollback = template.render(mode="rollback", **common)
+    script = template.render(mode="fix", rollback_text=rollback,
+                             rollback_end=heredoc_end("ROLLBACK", rollback), **common)
     return RenderedFix(script, rollback)
 
 

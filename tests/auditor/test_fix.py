@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 from pathlib import Path
 
@@ -183,7 +184,7 @@ def test_cli_dry_run_writes_both_scripts_and_changes_nothing(
 
 @needs_root
 def test_cli_apply_fixes_and_shows_before_and_after(
-    h200: Sysroot, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    h200: Sysroot, tmp_path: Path, capsys: pytest.CaptureFixture[str], sysroot_fix_state: Path
 ) -> None:
     plant_numa(h200)
     out = tmp_path / "after.json"
@@ -194,11 +195,14 @@ def test_cli_apply_fixes_and_shows_before_and_after(
     assert "before -> after" in err and "fail -> pass" in err
     assert json.loads(out.read_text())["summary"]["fail"] == 0
     assert h200.read("/proc/sys/kernel/numa_balancing") == "0\n"
-    [state] = (h200.root / "var/lib/host-auditor").iterdir()
-    assert (state / "rollback.sh").is_file()
-    assert run(state / "rollback.sh", h200.root).returncode == 0
+    # The state and the rollback are kept on this machine's side, never in the sysroot.
+    assert not (h200.root / "var/lib/host-auditor").exists()
+    [kept] = re.findall(r"undo with: bash (\S+)", err)
+    assert Path(kept).is_file() and Path(kept).parent.parent.parent == sysroot_fix_state
+    assert not Path(kept).resolve().is_relative_to(h200.root.resolve())
+    assert run(Path(kept)).returncode == 0
     assert h200.read("/proc/sys/kernel/numa_balancing") == "1\n"
-    assert not (h200.root / "var").exists()
+    assert not Path(kept).exists() and not (h200.root / "var/lib/host-auditor").exists()
 
 
 def test_cli_apply_without_a_terminal_needs_yes(
