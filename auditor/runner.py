@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -80,15 +81,32 @@ def audit(
     *,
     debug: bool = False,
     workers: int | None = None,
+    deadline: float | None = None,
 ) -> Report:
-    """Run every check against ``host`` in parallel and collect the report."""
+    """Run every check against ``host`` in parallel and collect the report.
+
+    ``deadline`` (``time.monotonic()``): a check still running then becomes an ``error``
+    finding (its thread is left to finish on its own).
+    """
     started_at = dt.datetime.now(dt.timezone.utc)
     started = time.perf_counter()
     pool_size = max(1, min(len(checks), workers or 8))
-    with ThreadPoolExecutor(max_workers=pool_size, thread_name_prefix="check") as pool:
+    pool = ThreadPoolExecutor(max_workers=pool_size, thread_name_prefix="check")
+    try:
         futures = [pool.submit(run_check, host, check, policy, debug) for check in checks]
         facts = host_facts(host)
-        results = tuple(future.result() for future in futures)
+        done: list[CheckResult] = []
+        for check, future in zip(checks, futures, strict=True):
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                done.append(future.result(timeout=left))
+            except FutureTimeout:
+                done.append(CheckResult(check.id, time.perf_counter() - started, (replace(
+                    _error(check, "timed out: the host's --timeout passed before the check "
+                           "finished"), host=host.name),)))
+        results = tuple(done)
+    finally:
+        pool.shutdown(wait=deadline is None, cancel_futures=True)
     return Report(
         host=host.name,
         target=host.target,
@@ -189,7 +207,8 @@ class FleetAudit:
                 raise KeyboardInterrupt
             host.connect()
             host.collect(self.patterns)
-            report = audit(host, self.checks, self.policy, debug=self.debug, workers=1)
+            report = audit(host, self.checks, self.policy, debug=self.debug, workers=1,
+                           deadline=host.deadline)
             if host.privilege_note:
                 # Reports show why root-only reads (PCI config past 64 bytes) are missing.
                 report = replace(report, facts=(*report.facts,
@@ -214,6 +233,7 @@ class FleetAudit:
                                    host.target)
         finally:
             host.close()
+            host.release_memory()
             with self._lock:
                 self._live.pop(index, None)
         self.reports[index] = report
@@ -285,6 +305,10 @@ class FleetAudit:
         # Ctrl-C reaches the whole process group: the parent decides, and ends the workers.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         self._processes = []
+        # The run's memory budget is shared out: each worker holds its share.
+        from auditor.hosts.ssh import MemoryBudget
+
+        self.context.budget = MemoryBudget(self.context.budget.total // self.workers)
         self._run_threads(share, parallel, lambda index, report: writer.send((index, report)))
         writer.close()
 

@@ -75,6 +75,14 @@ class Names:
         return bool(self._raw) and any(part in self._raw for part in path.split("/"))
 
 
+def printable(text: str) -> str:
+    """Return text as one printable line: control characters (ESC too) written ``\\xNN``."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else (f"\\x{ord(c):02x}" if ord(c) < 0x100
+                                              else f"\\u{ord(c):04x}") for c in text)
+
+
 def clean_host_name(text: str | None) -> str:
     """Return a host name read from the host as one printable token (or "")."""
     if not text:

@@ -102,8 +102,15 @@ def _pax(data: bytes) -> dict[str, str] | None:
     return values
 
 
-def fast_index(data: bytes) -> list[Member] | None:
-    """Return the members of an uncompressed tar, or None where tarfile must read it."""
+class TooManyMembers(ValueError):
+    """The archive holds more members than the caller accepts."""
+
+
+def fast_index(data: bytes, max_members: int | None = None) -> list[Member] | None:
+    """Return the members of an uncompressed tar, or None where tarfile must read it.
+
+    Raise :class:`TooManyMembers` past ``max_members`` members.
+    """
     members: list[Member] = []
     offset = 0
     total = len(data)
@@ -154,11 +161,15 @@ def fast_index(data: bytes) -> list[Member] | None:
                     return None
             major = _octal(header, 329, 337)
             minor = _octal(header, 337, 345)
+            if max_members is not None and len(members) >= max_members:
+                raise TooManyMembers(max_members)
             members.append(Member(name, kind, linkname, data_at, size, major, minor))
             offset = data_at
             if kind in _REGULAR:
                 if data_at + padded > total:
                     return None  # truncated data: tarfile says so
                 offset += padded
+    except TooManyMembers:
+        raise
     except (ValueError, UnicodeDecodeError):
         return None
