@@ -9,6 +9,8 @@ failure through callbacks: nothing here prints.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import hmac
 import os
 import threading
 import time
@@ -57,6 +59,28 @@ def run_check(host: Host, check: CheckClass, policy: Policy, debug: bool = False
     return CheckResult(check=check.id, duration_s=time.perf_counter() - started, findings=stamped)
 
 
+#: host-auditor's application id for machine-id(5)'s app-specific ids.
+APP_ID = bytes.fromhex("f36936c499aa4b7299e711b301f336f9")
+
+
+def app_machine_id(machine_id: str) -> str:
+    """Return the app-specific id of a machine-id, never the machine-id itself.
+
+    machine-id(5): the id is confidential, "should be hashed with a cryptographic, keyed
+    hash function, using a fixed, application-specific key"; this is systemd's
+    ``sd_id128_get_machine_app_specific()``: HMAC-SHA256 of the app id keyed by the
+    machine id, its first 16 bytes made a version 4 UUID. Stable per host, so fleets can
+    still tell hosts apart by it.
+    """
+    text = machine_id.strip().lower()
+    key = bytes.fromhex(text) if len(text) == 32 and all(
+        c in "0123456789abcdef" for c in text) else text.encode("utf-8", "replace")
+    digest = bytearray(hmac.new(key, APP_ID, hashlib.sha256).digest()[:16])
+    digest[6] = (digest[6] & 0x0F) | 0x40
+    digest[8] = (digest[8] & 0x3F) | 0x80
+    return digest.hex()
+
+
 def host_facts(host: Host) -> tuple[tuple[str, str], ...]:
     """Return a few facts that identify the host in a report."""
     facts: list[tuple[str, str]] = []
@@ -69,7 +93,7 @@ def host_facts(host: Host) -> tuple[tuple[str, str], ...]:
             facts.append(("os", line.partition("=")[2].strip().strip('"')))
     machine_id = host.read_optional("/etc/machine-id")
     if machine_id:
-        facts.append(("machine_id", machine_id))
+        facts.append(("machine_id", app_machine_id(machine_id)))
     facts.append(("environment", environment(host).describe()))
     return tuple(facts)
 

@@ -110,6 +110,7 @@ class CpuGovernor(Check[GovernorOptions]):
         # Process names, so a remote audit can name daemons that revert the governor.
         "/proc/[0-9]*/comm",
     )
+    daemons: ClassVar[frozenset[str]] = frozenset(REVERTING_DAEMONS)
     rationale: ClassVar[str] = (
         "The CPU threads that tokenize, schedule batches and launch GPU kernels are bursty: "
         "they idle while the GPU computes and then must run at once. Governors that scale "
