@@ -39,7 +39,7 @@ _TEMPLATES = {
     "html": "report.html.j2",
     "junit": "report.junit.xml.j2",
 }
-Kind = Literal["text", "html", "xml", "shell"]
+Kind = Literal["text", "markdown", "html", "xml", "shell"]
 
 _ANSI = {
     Status.PASS: "32",
@@ -96,6 +96,46 @@ def one_line(text: Any) -> str:
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", folded)
 
 
+class Safe(str):
+    """Text a template made itself (a colour code, an escaped value): output as it is."""
+
+
+def _escape_control(match: re.Match[str]) -> str:
+    return f"\\x{ord(match.group()):02x}"
+
+
+def _text_finalize(value: Any) -> Any:
+    # Every value a text template prints is one printable line: a host name, a message
+    # or an error read from a host cannot move the cursor, recolour or clear the terminal.
+    if isinstance(value, str) and not isinstance(value, Safe):
+        return _CONTROL.sub(_escape_control, value)
+    return value
+
+
+#: What starts a markdown construct inline (emphasis, code, links, tables, HTML, entities).
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]|~])")
+
+
+def md_escape(value: Any) -> Safe:
+    """Return a value as inert markdown on one line: no HTML, links, emphasis or table cells."""
+    text = one_line(value).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return Safe(_MD_SPECIAL.sub(r"\\\1", text))
+
+
+def md_code(value: Any) -> Safe:
+    """Return a value as a markdown code span where that is inert, else as escaped text."""
+    text = one_line(value)
+    if text and "`" not in text and "\\" not in text:
+        return Safe(f"`{text}`")
+    return md_escape(text)
+
+
+def _markdown_finalize(value: Any) -> Any:
+    if isinstance(value, str) and not isinstance(value, Safe):
+        return md_escape(value)
+    return value
+
+
 def _xml_finalize(value: Any) -> Any:
     # XML 1.0 forbids most control characters even when escaped; a host can hold any byte.
     if isinstance(value, str):
@@ -119,18 +159,22 @@ def make_environment(kind: Kind = "text", colour: bool = False) -> jinja2.Enviro
         options["finalize"] = _shell_finalize
     elif kind == "xml":
         options["finalize"] = _xml_finalize
+    elif kind == "text":
+        options["finalize"] = _text_finalize
+    elif kind == "markdown":
+        options["finalize"] = _markdown_finalize
     env = jinja2.Environment(**options)  # noqa: S701 - autoescape set per kind above
     env.filters["tojson_pretty"] = lambda value: json.dumps(value, indent=2, ensure_ascii=False)
     env.filters["paint"] = lambda text, status: (
-        f"\x1b[{_ANSI[Status(status)]}m{text}\x1b[0m" if colour else str(text)
+        Safe(f"\x1b[{_ANSI[Status(status)]}m{_text_finalize(str(text))}\x1b[0m") if colour
+        else str(text)
     )
     env.filters["literal"] = ShellLiteral
     env.filters["quote"] = lambda value: ShellLiteral(shell_quote(value))
     env.filters["comment"] = shell_comment
     env.filters["one_line"] = one_line
-    env.filters["md"] = lambda text: (
-        one_line(text).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
-    )
+    env.filters["md"] = md_escape
+    env.filters["code"] = md_code
     return env
 
 
@@ -186,7 +230,8 @@ def render_reports(
         from auditor.prom import render_prometheus
 
         return render_prometheus(reports)
-    kind: Kind = {"html": "html", "junit": "xml"}.get(fmt, "text")  # type: ignore[assignment]
+    kind: Kind = {"html": "html", "junit": "xml",  # type: ignore[assignment]
+                  "markdown": "markdown"}.get(fmt, "text")
     env = make_environment(kind, colour=colour and fmt == "text")
     template = env.get_template(_TEMPLATES[fmt])
     return template.render(

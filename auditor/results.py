@@ -8,13 +8,17 @@ builds one report through the same fast path.
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import json
+import os
+import stat
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from auditor.model import Report
+from auditor.text import printable
 
 
 @dataclass(frozen=True)
@@ -26,7 +30,7 @@ class Unreadable:
 
     def line(self) -> str:
         """Return the one-line message naming the file."""
-        return f"{self.path}: {self.reason}; left out of the merge"
+        return printable(f"{self.path}: {self.reason}; left out of the merge")
 
 
 @dataclass
@@ -76,12 +80,32 @@ def load_results(paths: Iterable[str]) -> LoadedResults:
         return _load_results(paths)
 
 
+#: The most bytes one result file may hold (a merged fleet's report of thousands of hosts
+#: fits; /dev/zero behind a ``*.json`` name does not).
+MAX_RESULT = 256 << 20
+
+
 def _read(path: str) -> bytes | OSError:
+    """Read a regular file of at most MAX_RESULT bytes (a FIFO or device is never opened)."""
     try:
-        with open(path, "rb") as handle:
-            return handle.read()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         return exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return OSError(errno.EINVAL, "not a regular file")
+        if st.st_size > MAX_RESULT:
+            return OSError(errno.EFBIG, f"larger than {MAX_RESULT >> 20} MiB")
+        with os.fdopen(os.dup(fd), "rb") as handle:
+            data = handle.read(MAX_RESULT + 1)
+        if len(data) > MAX_RESULT:
+            return OSError(errno.EFBIG, f"larger than {MAX_RESULT >> 20} MiB")
+        return data
+    except OSError as exc:
+        return exc
+    finally:
+        os.close(fd)
 
 
 def _read_ahead(paths: Iterable[str], window: int = 256) -> Iterator[tuple[str, bytes | OSError]]:
@@ -111,6 +135,9 @@ def _load_results(paths: Iterable[str]) -> LoadedResults:
         except UnicodeDecodeError:
             loaded.unreadable.append(Unreadable(path, "not UTF-8 text"))
             continue
+        except RecursionError:
+            loaded.unreadable.append(Unreadable(path, "not a report: JSON nested too deeply"))
+            continue
         except json.JSONDecodeError as exc:
             cut = exc.msg.startswith("Unterminated") or exc.pos >= len(raw.rstrip())
             what = "truncated JSON" if cut and raw.strip() else "not valid JSON"
@@ -120,8 +147,8 @@ def _load_results(paths: Iterable[str]) -> LoadedResults:
             continue
         try:
             reports = [Report.from_dict(doc) for doc in _documents(data)]
-        except ValueError as exc:
-            loaded.unreadable.append(Unreadable(path, " ".join(str(exc).split())))
+        except (ValueError, RecursionError) as exc:
+            loaded.unreadable.append(Unreadable(path, printable(" ".join(str(exc).split()))[:300]))
             continue
         for report in reports:
             seen = by_host.get(report.host)
@@ -132,10 +159,10 @@ def _load_results(paths: Iterable[str]) -> LoadedResults:
                 continue
             kept = loaded.reports[seen]
             newer = report.started >= kept.started
-            loaded.notes.append(
+            loaded.notes.append(printable(
                 f"{report.host}: reported by {loaded.sources[report.host]} and {path}; "
                 f"keeping {path if newer else loaded.sources[report.host]} (newer)"
-            )
+            ))
             if newer:
                 loaded.reports[seen] = report
                 loaded.sources[report.host] = path

@@ -47,6 +47,7 @@ from auditor.cli.options import (
 )
 from auditor.errors import UsageError
 from auditor.model import FailOn, Report
+from auditor.text import printable
 
 if TYPE_CHECKING:
     from auditor.check import CheckClass
@@ -160,8 +161,8 @@ def host_command(
         raise typer.Exit(_fix_remote(wanted[0], reach, checks, loaded, options, request))
     fleet = FleetAudit(wanted, reach, checks, loaded, parallel=parallel, debug=debug,
                        workers=workers,
-                       on_error=lambda line: print(f"audit: error: {line}", file=sys.stderr,
-                                                   flush=True))
+                       on_error=lambda line: print(f"audit: error: {printable(line)}",
+                                                   file=sys.stderr, flush=True))
     fleet.start()  # fork any workers before the progress bar starts its thread
     on_done, stop_progress = _progress(len(wanted))
     interrupted = False

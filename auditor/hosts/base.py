@@ -13,8 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, TypeVar
 
+from auditor.text import printable
+
 if TYPE_CHECKING:
     from typing_extensions import Self
+
+__all__ = ["Entry", "Host", "Names", "ScriptResult", "clean_host_name", "printable"]
 
 EntryKind = Literal["file", "dir", "link", "chr", "blk", "other"]
 #: ``local``: the machine this runs on; ``ssh``: a remote machine's own ``/``;
@@ -73,14 +77,6 @@ class Names:
     def escaped(self, path: str) -> bool:
         """Return whether a path holds a name that is not UTF-8 on the host."""
         return bool(self._raw) and any(part in self._raw for part in path.split("/"))
-
-
-def printable(text: str) -> str:
-    """Return text as one printable line: control characters (ESC too) written ``\\xNN``."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else (f"\\x{ord(c):02x}" if ord(c) < 0x100
-                                              else f"\\u{ord(c):04x}") for c in text)
 
 
 def clean_host_name(text: str | None) -> str:

@@ -36,7 +36,7 @@ from typing import BinaryIO
 from auditor import environment
 from auditor.errors import CollectError
 from auditor.hosts import collector_script, treeio
-from auditor.hosts.base import printable
+from auditor.text import printable
 
 FILE_CAP = collector_script.FILE_CAP
 
