@@ -22,16 +22,18 @@ from auditor.hosts.tarindex import Member, TooManyMembers, fast_index
 
 #: tarfile's member types that map straight to an entry kind (regular files aside).
 _KINDS = (tarfile.DIRTYPE, tarfile.SYMTYPE, tarfile.LNKTYPE, tarfile.CHRTYPE, tarfile.BLKTYPE)
-#: The most bytes a capture may hold once decompressed (a real one is 20 KB to a few MB).
-MAX_ARCHIVE = 256 << 20
-#: The most members a capture may hold (a 128-CPU host's collection has about 4,500).
-MAX_MEMBERS = 200_000
+#: The most bytes a capture may hold once decompressed (a real one is 20 KB to a few MB;
+#: a snapshot of a 512-CPU host about 20 MB).
+MAX_ARCHIVE = 64 << 20
+#: The most members a capture may hold (a 128-CPU host's collection has about 4,500; a host
+#: running 30,000 processes adds 60,000 for their /proc entries).
+MAX_MEMBERS = 100_000
 #: The most compressed streams one capture may chain (gzip and xz allow several).
 MAX_STREAMS = 16
 COMPRESSIONS = frozenset({"gzip", "xz", "none"})
 
 
-def compression_of(raw: bytes) -> str:
+def compression_of(raw: bytes | bytearray) -> str:
     """Return how a capture is compressed, by its magic bytes: gzip, xz or none."""
     if raw[:2] == b"\x1f\x8b":
         return "gzip"
@@ -54,8 +56,9 @@ def _member_path(name: str, names: Names | None = None) -> str:
     return norm if norm != "//" else "/"
 
 
-def decompress(raw: bytes, label: str, *, allowed: Collection[str] = COMPRESSIONS,
-               cap: int = MAX_ARCHIVE, error: type[AuditorError] = SnapshotError) -> bytes:
+def decompress(raw: bytes | bytearray, label: str, *, allowed: Collection[str] = COMPRESSIONS,
+               cap: int = MAX_ARCHIVE, error: type[AuditorError] = SnapshotError
+               ) -> bytes | bytearray:
     """Return a capture's tar bytes, decompressing incrementally: never more than ``cap``.
 
     A compression not in ``allowed`` is refused (an SSH answer is compressed only when
@@ -69,8 +72,9 @@ def decompress(raw: bytes, label: str, *, allowed: Collection[str] = COMPRESSION
         if len(raw) > cap:
             raise error(f"{label}: the archive is larger than {cap >> 20} MiB")
         return raw
-    chunks: list[bytes] = []
-    size = 0
+    # One buffer grown in place: the archive is never held twice (a list of chunks joined
+    # at the end would be).
+    out = bytearray()
     data = raw
     streams = 0
     try:
@@ -83,12 +87,11 @@ def decompress(raw: bytes, label: str, *, allowed: Collection[str] = COMPRESSION
                 else lzma.LZMADecompressor(format=lzma.FORMAT_XZ))
             pending = data
             while True:
-                chunk = inflater.decompress(pending, cap + 1 - size)
+                chunk = inflater.decompress(pending, min(cap + 1 - len(out), 1 << 20))
                 pending = getattr(inflater, "unconsumed_tail", b"")
-                size += len(chunk)
-                if size > cap:
+                out += chunk
+                if len(out) > cap:
                     raise error(f"{label}: the archive expands past {cap >> 20} MiB: refused")
-                chunks.append(chunk)
                 if inflater.eof:
                     break
                 if not chunk and not pending and getattr(inflater, "needs_input", True):
@@ -98,7 +101,7 @@ def decompress(raw: bytes, label: str, *, allowed: Collection[str] = COMPRESSION
                 break  # the zero blocks a tar writer may pad a compressed archive with
     except (zlib.error, lzma.LZMAError, EOFError) as exc:
         raise error(f"{label}: not a readable compressed archive ({exc})") from exc
-    return b"".join(chunks)
+    return out
 
 
 class ArchiveHost(Host):
@@ -108,7 +111,7 @@ class ArchiveHost(Host):
     _deadline: float | None = None
     _error: type[AuditorError] = SnapshotError
 
-    def __init__(self, data: bytes, label: str, name: str | None = None, *,
+    def __init__(self, data: bytes | bytearray, label: str, name: str | None = None, *,
                  allowed: Collection[str] = COMPRESSIONS, cap: int = MAX_ARCHIVE,
                  max_members: int = MAX_MEMBERS, deadline: float | None = None,
                  error: type[AuditorError] = SnapshotError) -> None:
@@ -236,7 +239,7 @@ class ArchiveHost(Host):
             offset, size = self._offsets[path]
         except KeyError:
             raise OSError(f"{path}: not a regular file") from None
-        return self._data[offset : offset + min(size, limit)]
+        return bytes(self._data[offset : offset + min(size, limit)])
 
     def _listdir_resolved(self, path: str) -> list[str]:
         return list(self._children.get(path, ()))

@@ -267,7 +267,7 @@ def _split_line(data: bytes, start: int, label: str) -> tuple[bytes, int]:
 
 
 #: The most records the sh collector's answer may hold (a 128-CPU host's has about 4,500).
-MAX_RECORDS = 200_000
+MAX_RECORDS = 100_000
 #: The most characters of one file's hex dump (od writes 3 per byte, and a newline per 16).
 _MAX_HEX = FILE_CAP * 3 + FILE_CAP // 16 + 64
 

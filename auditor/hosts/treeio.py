@@ -413,7 +413,10 @@ class Tree:
     def rmdir(self, path):
         # type: (object) -> bool
         """Remove an empty directory; return False when it is gone or not empty."""
-        parent, name = self.parent(path)
+        try:
+            parent, name = self.parent(path)
+        except OSError:
+            return False
         try:
             os.rmdir(name, dir_fd=parent)
             return True
