@@ -115,6 +115,7 @@ def rebuild(source: Host, patterns: Sequence[str], daemons: frozenset[str]) -> R
         pending = [p for p in path.split("/") if p]
         resolved = ""
         hops = 0
+        links: list[str] = []
         while pending:
             part = pending.pop(0)
             if part == ".":
@@ -124,9 +125,17 @@ def rebuild(source: Host, patterns: Sequence[str], daemons: frozenset[str]) -> R
                 continue
             candidate = resolved + "/" + part
             entry = source.lstat(candidate)
-            if entry is None or not allowed(candidate, entry):
+            if (entry is None and (denied(candidate) or candidate in NEVER_KEPT)) or (
+                    entry is not None and not allowed(candidate, entry)):
+                for link in links:  # a symlink that leads to what is never kept goes too
+                    kept.pop(link, None)
                 return
-            kept.setdefault(candidate, entry)
+            if entry is None:
+                return
+            if candidate not in kept:
+                kept[candidate] = entry
+                if entry.kind == "link":
+                    links.append(candidate)
             if entry.kind == "link":
                 hops += 1
                 if hops > _MAX_LINKS:

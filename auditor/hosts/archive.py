@@ -14,7 +14,7 @@ import stat
 import tarfile
 import time
 import zlib
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from auditor.errors import AuditorError, SnapshotError
 from auditor.hosts.base import Entry, Host, HostKind, Names, clean_host_name
@@ -114,9 +114,12 @@ class ArchiveHost(Host):
     def __init__(self, data: bytes | bytearray, label: str, name: str | None = None, *,
                  allowed: Collection[str] = COMPRESSIONS, cap: int = MAX_ARCHIVE,
                  max_members: int = MAX_MEMBERS, deadline: float | None = None,
-                 error: type[AuditorError] = SnapshotError) -> None:
+                 error: type[AuditorError] = SnapshotError,
+                 skip: Callable[[str], bool] | None = None) -> None:
         """Index a capture; ``deadline`` (``time.monotonic()``) bounds the work, ``error`` is
-        the error class for what cannot be read (SnapshotError: a bad file named by hand)."""
+        the error class for what cannot be read (SnapshotError: a bad file named by hand);
+        members whose path ``skip`` returns True for are left out (an SSH answer holding
+        what the collector never collects)."""
         self.target = f"sysroot:{label}"
         self._error = error
         self._deadline = deadline
@@ -137,7 +140,7 @@ class ArchiveHost(Host):
         for index, member in enumerate(members):
             if not index & 0x3FF:
                 self._check_time(label)
-            self._add(member, names)
+            self._add(member, names, skip)
         self.name = name or clean_host_name(self.read_optional("/etc/hostname")) \
             or posixpath.basename(label)
 
@@ -190,9 +193,10 @@ class ArchiveHost(Host):
             raise self._error(f"{label}: not a readable tar archive ({exc})") from exc
         return members
 
-    def _add(self, member: Member, names: Names) -> None:
+    def _add(self, member: Member, names: Names,
+             skip: Callable[[str], bool] | None = None) -> None:
         path = _member_path(member.name, names)
-        if path == "/":
+        if path == "/" or (skip is not None and skip(path)):
             return
         self._add_parents(path)
         kind = member.type

@@ -36,6 +36,7 @@ from auditor.errors import (
 from auditor.hosts.archive import ArchiveHost
 from auditor.hosts.base import Entry, Host, HostKind, ScriptResult, clean_host_name, printable
 from auditor.hosts.collect import Collection, parse_output, remote_command
+from auditor.hosts.collector_script import denied
 from auditor.hosts.known_hosts import KnownHosts, to_pkey
 
 if TYPE_CHECKING:
@@ -570,9 +571,11 @@ class SshHost(Host):
         collection = parse_output(output, label, cap=MAX_OUTPUT, deadline=deadline)
         del output
         # gzip only when it was asked for: an answer compressed unasked is refused.
+        # What the collector never collects is not read from an answer that holds it.
         archive = ArchiveHost(collection.tar, label, name=None,
                               allowed={"gzip"} if self.options.compress else {"none"},
-                              cap=MAX_OUTPUT, deadline=deadline, error=CollectError)
+                              cap=MAX_OUTPUT, deadline=deadline, error=CollectError,
+                              skip=denied)
         if collection.method == "sh" or self.options.compress:
             self._hold(archive.size, deadline)  # what the answer expanded to
         self._hold(archive.entry_count * MEMBER_COST, deadline)
