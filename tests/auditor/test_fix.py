@@ -263,3 +263,59 @@ def test_live_script_on_this_machine_fixes_and_rolls_back_a_file(tmp_path: Path)
     finally:
         if state.exists():
             run(rollback)
+
+
+@needs_root
+def test_the_scripts_read_as_what_they_do(h200: Sysroot, tmp_path: Path) -> None:
+    """Human lines say what changes in plain words; escaping only where a value holds a
+    control character; the machine-id only as a salted hash."""
+    plant_numa(h200)
+    plant_mrrs(h200)
+    h200.write("/etc/machine-id", "0123456789abcdef0123456789abcdef\n")
+    plan = plan_for(h200)
+    fix, rollback = write_scripts(plan, tmp_path)
+    script = fix.read_text()
+    assert "0123456789abcdef0123456789abcdef" not in script + rollback.read_text()
+    assert "#     /etc/sysctl.d/60-numa.conf:1: kernel.numa_balancing = 1 -> " \
+        "kernel.numa_balancing = 0" in script
+    assert "#     0000:00:06.0 MaxReadReq -> 4096 bytes" in script
+    copy = copy_tree(h200.root, tmp_path / "copy")
+    done = run(fix, copy)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "host-auditor: /etc/sysctl.d/60-numa.conf:1: kernel.numa_balancing = 1 -> " \
+        "kernel.numa_balancing = 0" in lines
+    assert "host-auditor: 0000:00:06.0 MaxReadReq 512 -> 4096 bytes" in lines
+    assert "host-auditor: /proc/sys/kernel/numa_balancing: 1 -> 0" in lines
+    assert run(rollback, copy).returncode == 0
+
+
+@pytest.mark.root
+@needs_root
+def test_the_live_rollback_is_a_here_document_no_value_can_end(tmp_path: Path) -> None:
+    """A value holding newlines, the delimiter's prefix and $(...) stays data: the fix keeps
+    the rollback byte for byte, and both run on this machine."""
+    hostname = Path("/proc/sys/kernel/hostname").read_text().strip()
+    target = tmp_path / "conf.d" / "x\x1b[2J\n.conf"
+    content = f"a\nHOST_AUDITOR_ROLLBACK\nHOST_AUDITOR_ROLLBACK_0\n{EVIL}\n\x1b[2J\n"
+    step = WriteFile(str(target), content)
+    fix_id = f"heredoc-{os.getpid()}"
+    plan = FixPlan(host=hostname, target="local", hostname=hostname, machine_id="", root="",
+                   fix_id=fix_id, created="",
+                   sections=(Section(Remedy("t.t", "s", "write a file", persistent=(step,)),
+                                     (Action("s001", "persistent", step),)),))
+    fix, rollback = write_scripts(plan, tmp_path)
+    assert "write_rollback() {\n    cat <<'HOST_AUDITOR_ROLLBACK_" in fix.read_text()
+    state = Path("/var/lib/host-auditor") / fix_id
+    try:
+        result = run(fix, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert target.read_text() == content
+        assert (state / "rollback.sh").read_text() == rollback.read_text()
+        assert "$'" in result.stdout  # the odd name is shown escaped, not sent raw
+        assert "\x1b" not in result.stdout
+        assert run(state / "rollback.sh", cwd=tmp_path).returncode == 0
+        assert not target.exists() and not list(tmp_path.rglob("pwned-marker"))
+    finally:
+        if state.exists():
+            run(rollback)

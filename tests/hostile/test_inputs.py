@@ -247,3 +247,25 @@ def test_a_snapshot_never_holds_the_machine_id_or_other_processes(tmp_path: Path
         assert machine_id.read_text().strip() not in report.out
         assert machine_id.read_text().strip() not in gzip.decompress(out.read_bytes()).decode(
             "utf-8", "replace")
+
+
+def test_the_machine_id_fact_is_systemds_app_specific_id() -> None:
+    """The report's machine_id is sd_id128_get_machine_app_specific() with host-auditor's
+    app id, as systemd itself computes it: stable per host, never the id."""
+    import shutil
+    import subprocess
+
+    from auditor.runner import APP_ID, app_machine_id
+
+    machine_id = Path("/etc/machine-id")
+    if not machine_id.exists() or not machine_id.read_text().strip():
+        pytest.skip("this machine has no machine-id")
+    if shutil.which("systemd-id128") is None:
+        pytest.skip("systemd-id128 is not installed")
+    expected = subprocess.run(["systemd-id128", "machine-id", f"--app-specific={APP_ID.hex()}"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    assert app_machine_id(machine_id.read_text()) == expected
+    report = json.loads(run_limited(audit_cmd("local", "--format", "json", "--check",
+                                              "numa.balancing"), timeout=60).out)
+    assert report["facts"]["machine_id"] == expected
+    assert machine_id.read_text().strip() not in json.dumps(report)

@@ -118,3 +118,33 @@ def test_boost_and_max_freq_cap_lifted_with_the_real_check(h200: Sysroot, tmp_pa
     assert (copy / CPUFREQ.lstrip("/") / "policy2/scaling_max_freq").read_text() == "3800000\n"
     assert statuses(audit_root(copy), "cpu.governor") == {Status.PASS}
     assert_idempotent_and_reversible(fix, rollback, copy, before)
+
+
+@needs_root
+def test_the_fix_sets_the_governor_the_policy_names(h200: Sysroot, tmp_path: Path) -> None:
+    """A policy's governor is what the check judges by and what the fix writes (here and on
+    the boot command line), through --policy on the command line."""
+    from auditor.cli import main
+    from tests.support.fixkit import copy_tree, run, tree_hash
+
+    plant_cpufreq(h200)
+    plant_grub(h200)
+    policy = tmp_path / "site.toml"
+    policy.write_text('[checks."cpu.governor"]\ngovernor = "schedutil"\n')
+    fix = tmp_path / "fix.sh"
+    code = main(["local", "--root", str(h200.root), "--policy", str(policy), "--check",
+                 "cpu.governor", "--fix-script", str(fix)])
+    assert code == 1
+    copy = copy_tree(h200.root, tmp_path / "copy")
+    before = tree_hash(copy)
+    assert run(fix, copy).returncode == 0
+    governors = {(copy / f"{CPUFREQ.lstrip('/')}/policy{n}/scaling_governor").read_text()
+                 for n in range(16)}
+    assert governors == {"schedutil\n"}
+    assert "cpufreq.default_governor=schedutil" in grub_line(copy)
+    assert "performance" not in grub_line(copy)
+    after = main(["local", "--root", str(copy), "--policy", str(policy), "--check",
+                  "cpu.governor"])
+    assert after == 0
+    assert run(tmp_path / "fix.rollback.sh", copy).returncode == 0
+    assert tree_hash(copy) == before

@@ -156,6 +156,42 @@ def test_changed_host_key_is_refused_even_with_accept_new(ssh_env: SshEnv,
     assert wrong.read_text().count("\n") == 1
 
 
+def test_known_hosts_with_markers_and_host_key_alias(ssh_env: SshEnv, tmp_path: Path) -> None:
+    """A @cert-authority or @revoked line costs nothing else; HostKeyAlias names the key:
+    a key pinned under the alias is checked against it (a different one is CHANGED even
+    with --accept-new-host-keys), and a new one is recorded under the alias."""
+    other = keygen(tmp_path / "other_key").with_suffix(".pub").read_text().split()
+    mine = ssh_env.server.known_hosts_line.split()
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host pinned-gpu\n    HostName 127.0.0.1\n    Port {ssh_env.server.port}\n"
+                      "    HostKeyAlias gpu-alias\n")
+    known = tmp_path / "known_hosts"
+    known.write_text(f"@cert-authority * {other[0]} {other[1]}\n"
+                     f"@revoked revoked.example {other[0]} {other[1]}\n"
+                     f"gpu-alias {mine[1]} {mine[2]}\n")
+    host = SshHost(parse_target("pinned-gpu"), ssh_env.options(
+        SUDO, known_hosts=(str(known),), ssh_config=str(config)))
+    host.connect()
+    host.close()
+    wrong = tmp_path / "wrong"
+    wrong.write_text(f"gpu-alias {other[0]} {other[1]}\n"
+                     f"[127.0.0.1]:{ssh_env.server.port} {mine[1]} {mine[2]}\n")
+    with pytest.raises(HostKeyRejected, match="CHANGED"):
+        SshHost(parse_target("pinned-gpu"), ssh_env.options(
+            SUDO, known_hosts=(str(wrong),), ssh_config=str(config),
+            accept_new_host_keys=True)).connect()
+    record = tmp_path / "record"
+    host = SshHost(parse_target("pinned-gpu"), ssh_env.options(
+        SUDO, known_hosts=(str(record),), ssh_config=str(config), accept_new_host_keys=True))
+    host.connect()
+    host.close()
+    assert record.read_text() == f"gpu-alias {mine[1]} {mine[2]}\n"
+    revoked = tmp_path / "revoked"
+    revoked.write_text(f"@revoked * {mine[1]} {mine[2]}\n{ssh_env.server.known_hosts_line}")
+    with pytest.raises(HostKeyRejected, match="REVOKED"):
+        open_host(ssh_env, known_hosts=(str(revoked),), accept_new_host_keys=True)
+
+
 def test_shared_context_reads_known_hosts_once_and_keeps_refusing(ssh_env: SshEnv,
                                                                    tmp_path: Path) -> None:
     # Many hosts' keys in one file, read once for the run; each host is still checked.
