@@ -132,3 +132,22 @@ def test_paths_are_bounded(layout: tuple[Path, Path], mode: bool | None) -> None
     root, _ = layout
     with Tree(str(root), use_openat2=mode) as tree, pytest.raises(OSError):
         tree.read("/a" * (treeio.MAX_COMPONENTS + 1), 1)
+
+
+def test_the_sysroot_fix_program_runs_on_python_3_6_with_the_standard_library() -> None:
+    """What a sysroot's scripts embed: treeio then sysroot_fix, one stdlib-only program."""
+    import ast
+    import sys
+
+    from auditor.hosts import sysroot_fix
+    from auditor.hosts.collect import module_sources
+
+    source = module_sources(treeio, sysroot_fix).decode()
+    tree = ast.parse(source, feature_version=(3, 6))
+    guarded = {id(n) for t in ast.walk(tree) if isinstance(t, ast.Try)
+               for h in t.handlers for n in ast.walk(h)}
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
+                for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree)
+                 if isinstance(n, ast.ImportFrom) and n.module and id(n) not in guarded}
+    assert imported <= set(sys.stdlib_module_names)
