@@ -582,6 +582,7 @@ class SshHost(Host):
         self.collection = collection
         self.privilege_note = collection.privilege_note
         self._archive = archive
+        self.forget()  # a second collection (the audit after a fix) starts afresh
         hostname = (archive.read_optional("/etc/hostname")
                     or archive.read_optional("/proc/sys/kernel/hostname"))
         self.name = clean_host_name(hostname) or self.spec.display
