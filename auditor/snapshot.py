@@ -15,13 +15,14 @@ import re
 import sys
 import tarfile
 import tempfile
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from auditor.check import CheckClass
 from auditor.errors import SnapshotError, UsageError
-from auditor.hosts.base import Entry, Host, printable
+from auditor.hosts.base import MAX_PATH_PARTS, Entry, Host, printable
 
 if TYPE_CHECKING:
     from auditor.hosts.ssh import SshOptions
@@ -112,12 +113,12 @@ def rebuild(source: Host, patterns: Sequence[str], daemons: frozenset[str]) -> R
         return entry.kind in ("file", "dir", "link")
 
     def add_path(path: str) -> None:
-        pending = [p for p in path.split("/") if p]
+        pending = deque(p for p in path.split("/") if p)
         resolved = ""
         hops = 0
         links: list[str] = []
         while pending:
-            part = pending.pop(0)
+            part = pending.popleft()
             if part == ".":
                 continue
             if part == "..":
@@ -142,7 +143,12 @@ def rebuild(source: Host, patterns: Sequence[str], daemons: frozenset[str]) -> R
                     return
                 if entry.target.startswith("/"):
                     resolved = ""
-                pending = [p for p in entry.target.split("/") if p] + pending
+                parts = [p for p in entry.target.split("/") if p]
+                if len(parts) + len(pending) > MAX_PATH_PARTS:
+                    for link in links:
+                        kept.pop(link, None)
+                    return
+                pending.extendleft(reversed(parts))
                 continue
             if pending and entry.kind != "dir":
                 return

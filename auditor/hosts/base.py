@@ -9,6 +9,7 @@ from __future__ import annotations
 import fnmatch
 import posixpath
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, TypeVar
@@ -27,6 +28,8 @@ EntryKind = Literal["file", "dir", "link", "chr", "blk", "other"]
 HostKind = Literal["local", "ssh", "sysroot"]
 
 _MAX_LINKS = 40
+#: The most components a path may have while it is resolved (PATH_MAX is 4096 bytes).
+MAX_PATH_PARTS = 4096
 #: The longest host name kept (a DNS name's limit).
 MAX_HOST_NAME = 253
 T = TypeVar("T")
@@ -195,11 +198,11 @@ class Host(ABC):
 
     def _walk(self, path: str) -> str:
         """Follow every symlink in ``path`` component by component, clamped at the root."""
-        pending = [p for p in _normalise(path).split("/") if p]
+        pending = deque(p for p in _normalise(path).split("/") if p)
         resolved: list[str] = []
         hops = 0
         while pending:
-            part = pending.pop(0)
+            part = pending.popleft()
             if part == ".":
                 continue
             if part == "..":
@@ -215,7 +218,12 @@ class Host(ABC):
                 target = entry.target
                 if target.startswith("/"):
                     resolved = []
-                pending = [p for p in target.split("/") if p] + pending
+                parts = [p for p in target.split("/") if p]
+                # A link's target is bounded as the kernel bounds a path (PATH_MAX is 4096
+                # bytes): a hostile one of a million components must not cost minutes.
+                if len(parts) + len(pending) > MAX_PATH_PARTS:
+                    raise OSError(f"file name too long: {path[:200]}")
+                pending.extendleft(reversed(parts))
                 continue
             resolved.append(part)
         return "/" + "/".join(resolved)

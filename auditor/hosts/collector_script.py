@@ -19,6 +19,7 @@ the same way as the live host):
   never a secret: process environments, memory, keys.
 """
 
+import collections
 import fnmatch
 import io
 import os
@@ -36,6 +37,7 @@ except NameError:
 #: The most bytes kept of one file.
 FILE_CAP = 1 << 20
 _MAX_LINKS = 40
+_MAX_PARTS = 4096
 
 #: Paths never collected, whatever a pattern asks for (matched on the path as
 #: named and on the path it resolves to).
@@ -237,11 +239,11 @@ class Collector:
 
     def add_path(self, path: str) -> None:
         """Record ``path``: every symlink and directory on the way, then what it names."""
-        pending = [p for p in path.split("/") if p]
+        pending = collections.deque(p for p in path.split("/") if p)
         resolved = ""
         hops = 0
         while pending:
-            part = pending.pop(0)
+            part = pending.popleft()
             if part == ".":
                 continue
             if part == "..":
@@ -270,7 +272,10 @@ class Collector:
                     return
                 if target.startswith("/"):
                     resolved = ""
-                pending = [p for p in target.split("/") if p] + pending
+                parts = [p for p in target.split("/") if p]
+                if len(parts) + len(pending) > _MAX_PARTS:
+                    return  # longer than any path the kernel resolves (PATH_MAX)
+                pending.extendleft(reversed(parts))
                 continue
             if pending and not stat.S_ISDIR(st.st_mode):
                 return

@@ -301,15 +301,26 @@ class Tree:
         finally:
             os.close(fd)
 
-    def _reopen(self, fd, flags):
-        # type: (int, int) -> int
-        """Open the very inode an O_PATH descriptor holds, with ``flags``."""
+    def _reopen(self, fd, flags, path):
+        # type: (int, int, object) -> int
+        """Open the very inode an O_PATH descriptor holds, with ``flags``.
+
+        Through /proc/self/fd, which names that inode whatever happened to its path. Where
+        /proc is not mounted, the name is opened again below its directory (O_NOFOLLOW,
+        O_NONBLOCK: a FIFO swapped in meanwhile is not waited on) and the caller checks
+        that it is the same inode.
+        """
         try:
             return os.open("/proc/self/fd/%d" % fd, flags | _O_CLOEXEC)
         except OSError as exc:
             if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
                 raise
-        raise OSError(errno.ENOSYS, "/proc is not mounted: cannot reopen a file safely")
+        parent, name = self.parent(path)
+        try:
+            return os.open(name, flags | _O_NOFOLLOW | _O_CLOEXEC | os.O_NONBLOCK
+                           | getattr(os, "O_NOCTTY", 0), dir_fd=parent)
+        finally:
+            os.close(parent)
 
     def open_regular(self, path, flags=os.O_RDONLY, single_link=False):
         # type: (object, int, bool) -> int
@@ -323,13 +334,16 @@ class Tree:
             if single_link and st.st_nlink != 1:
                 raise OSError(errno.EMLINK, "a file with other hard links is not changed",
                               str(path))
-            opened = self._reopen(fd, flags)
+            opened = self._reopen(fd, flags, path)
         finally:
             os.close(fd)
         again = os.fstat(opened)
-        if (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino):  # pragma: no cover
+        if (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino) \
+                or not stat.S_ISREG(again.st_mode):
             os.close(opened)
             raise OSError(errno.EAGAIN, "the file changed while it was opened", str(path))
+        if flags & os.O_NONBLOCK == 0 and hasattr(os, "set_blocking"):
+            os.set_blocking(opened, True)
         return opened
 
     def read(self, path, limit):

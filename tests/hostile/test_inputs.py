@@ -269,3 +269,21 @@ def test_the_machine_id_fact_is_systemds_app_specific_id() -> None:
                                               "numa.balancing"), timeout=60).out)
     assert report["facts"]["machine_id"] == expected
     assert machine_id.read_text().strip() not in json.dumps(report)
+
+
+def test_symlinks_with_endless_targets_are_resolved_in_bounded_time(tmp_path: Path) -> None:
+    """A capture whose links name hundreds of thousands of components, chained: each
+    resolution stops at PATH_MAX's worth of components instead of walking them all."""
+    members: list[tuple[tarfile.TarInfo, bytes | None]] = []
+    for name, target in [("etc/hostname", "a/" * 200_000 + "x"),
+                         *((f"l{n}", "/".join([f"l{n + 1}"] * 3000)) for n in range(40)),
+                         ("etc/os-release", "/l0/x")]:
+        info = tarfile.TarInfo(name)
+        info.type, info.linkname = tarfile.SYMTYPE, target
+        members.append((info, None))
+    capture = tmp_path / "links.tar"
+    capture.write_bytes(tar_bytes(members))
+    result = run_limited(audit_cmd("local", "--root", str(capture), "--format", "json"),
+                         memory=LIMIT, timeout=60)
+    assert result.code in (0, 1), result.err
+    assert result.wall < 20

@@ -151,3 +151,28 @@ def test_the_sysroot_fix_program_runs_on_python_3_6_with_the_standard_library() 
     imported |= {n.module.split(".")[0] for n in ast.walk(tree)
                  if isinstance(n, ast.ImportFrom) and n.module and id(n) not in guarded}
     assert imported <= set(sys.stdlib_module_names)
+
+
+def test_without_proc_the_name_is_opened_again_and_checked(
+    layout: tuple[Path, Path], mode: bool | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where /proc is not mounted, a file is reopened by name below its directory; what is
+    opened must be the inode that was checked, and a FIFO is still never waited on."""
+    root, outside = layout
+    real_open = os.open
+
+    def no_proc(path: object, *args: object, **kwargs: object) -> int:
+        if isinstance(path, str) and path.startswith("/proc/self/fd/"):
+            raise FileNotFoundError(errno.ENOENT, "no /proc here", path)
+        return real_open(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", no_proc)
+    with Tree(str(root), use_openat2=mode) as tree:
+        assert tree.read("/etc/hostname", 100) == b"inside\n"
+        tree.write("/etc/hostname", b"changed\n")
+        with pytest.raises(OSError):
+            tree.read("/etc/fifo", 10)
+        with pytest.raises(OSError):
+            tree.read("/etc/abs", 10)
+    assert (root / "etc/hostname").read_text() == "changed\n"
+    assert (outside / "secret").read_text() == "SECRET\n"
