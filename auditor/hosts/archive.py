@@ -28,6 +28,12 @@ MAX_ARCHIVE = 64 << 20
 #: The most members a capture may hold (a 128-CPU host's collection has about 4,500; a host
 #: running 30,000 processes adds 60,000 for their /proc entries).
 MAX_MEMBERS = 100_000
+#: The most entries (members and the directories their names imply) and bytes of their
+#: names an archive may make.
+MAX_ENTRIES = 2 * MAX_MEMBERS
+MAX_NAME_BYTES = 64 << 20
+#: The longest member name or link target taken (Linux's PATH_MAX).
+MAX_PATH = 4096
 #: The most compressed streams one capture may chain (gzip and xz allow several).
 MAX_STREAMS = 16
 COMPRESSIONS = frozenset({"gzip", "xz", "none"})
@@ -110,6 +116,7 @@ class ArchiveHost(Host):
     kind: HostKind = "sysroot"
     _deadline: float | None = None
     _error: type[AuditorError] = SnapshotError
+    _name_bytes = 0
 
     def __init__(self, data: bytes | bytearray, label: str, name: str | None = None, *,
                  allowed: Collection[str] = COMPRESSIONS, cap: int = MAX_ARCHIVE,
@@ -195,6 +202,10 @@ class ArchiveHost(Host):
 
     def _add(self, member: Member, names: Names,
              skip: Callable[[str], bool] | None = None) -> None:
+        if len(member.name) > MAX_PATH or len(member.linkname) > MAX_PATH:
+            # No path on a host is longer (PATH_MAX), and the directories a name implies
+            # grow with the square of its depth: such a member is not a host's file.
+            return
         path = _member_path(member.name, names)
         if path == "/" or (skip is not None and skip(path)):
             return
@@ -231,6 +242,11 @@ class ArchiveHost(Host):
             if parent in self._entries:
                 break
             self._entries[parent] = Entry("dir")
+            self._name_bytes += len(parent)
+            if len(self._entries) > MAX_ENTRIES or self._name_bytes > MAX_NAME_BYTES:
+                raise self._error(f"{self.target[len('sysroot:'):]}: the archive's names imply "
+                                  f"more than {MAX_ENTRIES} entries or {MAX_NAME_BYTES >> 20} "
+                                  "MiB of names")
             parent, _, name = parent.rpartition("/")
 
     def lstat(self, path: str) -> Entry | None:

@@ -287,3 +287,18 @@ def test_symlinks_with_endless_targets_are_resolved_in_bounded_time(tmp_path: Pa
                          memory=LIMIT, timeout=60)
     assert result.code in (0, 1), result.err
     assert result.wall < 20
+
+
+def test_deep_member_names_are_bounded(tmp_path: Path) -> None:
+    """Members whose names imply thousands of directories each (memory grows with the square
+    of a name's depth): longer than PATH_MAX they are left out, and the directories all
+    names imply are capped."""
+    members: list[tuple[tarfile.TarInfo, bytes | None]] = []
+    for n in range(2000):
+        depth = 2000 if n % 2 else 400  # 20 KB names, then 3 KB ones
+        members.append((tarfile.TarInfo("/".join(f"d{n}x{k}" for k in range(depth))), b""))
+    capture = tmp_path / "deep.tar.gz"
+    capture.write_bytes(gzip.compress(tar_bytes(members), 6))
+    result = run_limited(audit_cmd("local", "--root", str(capture)), memory=LIMIT, timeout=60)
+    assert result.code == 2 and "names imply more than" in result.one_error_line()
+    assert result.max_rss < RSS, result.max_rss
