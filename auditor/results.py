@@ -80,9 +80,11 @@ def load_results(paths: Iterable[str]) -> LoadedResults:
         return _load_results(paths)
 
 
-#: The most bytes one result file may hold (a merged fleet's report of thousands of hosts
-#: fits; /dev/zero behind a ``*.json`` name does not).
-MAX_RESULT = 256 << 20
+#: The most bytes one result file may hold (a host's report is 20 to 100 KB; a merged
+#: report of a thousand hosts fits; /dev/zero behind a ``*.json`` name does not).
+MAX_RESULT = 64 << 20
+#: The most bytes of files read ahead of the one being parsed.
+READ_AHEAD_BYTES = 128 << 20
 
 
 def _read(path: str) -> bytes | OSError:
@@ -118,9 +120,19 @@ def _read_ahead(paths: Iterable[str], window: int = 256) -> Iterator[tuple[str, 
 
     pending = list(paths)
     with ThreadPoolExecutor(max_workers=8, thread_name_prefix="read") as pool:
-        for start in range(0, len(pending), window):
-            chunk = pending[start:start + window]
+        start = 0
+        while start < len(pending):
+            # A window of files, and of bytes: large inputs are not all held at once.
+            end, size = start, 0
+            while end < len(pending) and end - start < window and size < READ_AHEAD_BYTES:
+                try:
+                    size += min(os.stat(pending[end]).st_size, MAX_RESULT)
+                except OSError:
+                    pass
+                end += 1
+            chunk = pending[start:end]
             yield from zip(chunk, pool.map(_read, chunk), strict=True)
+            start = end
 
 
 def _load_results(paths: Iterable[str]) -> LoadedResults:

@@ -126,11 +126,15 @@ def test_deep_json_and_toml_are_one_line_each(tmp_path: Path, h200: Sysroot) -> 
     (tmp_path / "deeper.json").write_text('{"hosts": ' + "[" * 100_000 + "]" * 100_000 + "}")
     os.mkfifo(tmp_path / "fifo.json")
     (tmp_path / "zero.json").symlink_to("/dev/zero")
+    with open(tmp_path / "huge.json", "wb") as handle:
+        handle.truncate(65 << 20)  # sparse: 65 MiB of zeros, no disk
     merged = run_limited(audit_cmd("merge", str(tmp_path), "--format", "json"), timeout=60,
                          memory=LIMIT)
     assert merged.code == 2
     lines = merged.err.strip().splitlines()
-    assert len(lines) == 4 and all(line.startswith("audit: error: ") for line in lines), lines
+    assert len(lines) == 5 and all(line.startswith("audit: error: ") for line in lines), lines
+    assert any("huge.json: cannot read (larger than 64 MiB)" in line for line in lines)
+    assert merged.max_rss < RSS
     assert any("nested too deeply" in line for line in lines)
     assert any("zero.json: cannot read (not a regular file)" in line for line in lines)
     assert len(json.loads(merged.out)["hosts"]) == 1  # the good one is still merged
