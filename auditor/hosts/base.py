@@ -252,9 +252,10 @@ class Host(ABC):
             raise FileNotFoundError(path)
         if entry.kind == "dir":
             raise IsADirectoryError(path)
-        if entry.kind != "file":
-            # A device node or FIFO is never read as a file: it could be the operator's
-            # disk, or block forever.
+        if entry.kind != "file" and self.kind != "local":
+            # A sysroot's or a remote host's device node or FIFO is never read as a file:
+            # it could be the operator's disk, or block forever. (The live machine reads
+            # its own devices, such as /dev/cpu_dma_latency, as before.)
             raise OSError(f"{path}: not a regular file")
         return self._read_resolved(resolved, limit)
 
