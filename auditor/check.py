@@ -207,6 +207,9 @@ class Check(ABC, Generic[OptionsT]):
     fix_reads: ClassVar[tuple[str, ...]] = ()
     #: Device events that re-run the check under ``audit watch``.
     events: ClassVar[frozenset[Trigger]] = frozenset()
+    #: Names of the processes the check looks for among the running ones (``/proc/PID/comm``):
+    #: a snapshot keeps these processes' entries and no other part of the process list.
+    daemons: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, options: OptionsT | None = None) -> None:
         chosen = options if options is not None else self.options_type()

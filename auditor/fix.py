@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import hashlib
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +19,7 @@ from typing import Any
 from auditor.check import CheckClass
 from auditor.errors import UsageError
 from auditor.hosts.base import Host
+from auditor.hosts.sysroot_fix import PLAN_FORMAT, machine_id_digest
 from auditor.model import FIXABLE, Finding, Report
 from auditor.policy import Policy
 from auditor.remediations.boot import boot_remedy
@@ -27,6 +28,7 @@ from auditor.remediations.steps import (
     MakeSymlink,
     Remedy,
     RunCommand,
+    SetPciBits,
     Step,
     parse_os_release,
 )
@@ -67,10 +69,45 @@ class FixPlan:
     sections: tuple[Section, ...]
     #: Problem findings no remediation handles, with why.
     unhandled: tuple[tuple[Finding, str], ...] = ()
+    #: Salts the machine-id's hash: the scripts carry the hash, never the machine-id.
+    salt: str = ""
 
     @property
     def sysroot(self) -> bool:
         return bool(self.root)
+
+    @property
+    def machine_id_salt(self) -> str:
+        return self.salt or self.fix_id
+
+    @property
+    def machine_id_sha256(self) -> str:
+        """Return the salted hash the scripts' guard compares ("" when there is no id)."""
+        if not self.machine_id:
+            return ""
+        return machine_id_digest(self.machine_id_salt, self.machine_id)
+
+    def document(self) -> dict[str, Any]:
+        """Return the plan as the sysroot fix program reads it (JSON, steps as values)."""
+        actions: list[dict[str, Any]] = []
+        for action in self.actions:
+            step = action.step
+            if isinstance(step, RunCommand):
+                continue  # never run on a sysroot
+            item: dict[str, Any] = {"id": action.id, "kind": step.kind,
+                                    **dataclasses.asdict(step)}
+            if isinstance(step, SetPciBits) and step.field is not None:
+                item["field"] = list(step.field)
+            actions.append(item)
+        return {
+            "format": PLAN_FORMAT,
+            "fix_id": self.fix_id,
+            "host": self.host,
+            "hostname": self.hostname,
+            "machine_id_salt": self.machine_id_salt,
+            "machine_id_sha256": self.machine_id_sha256,
+            "actions": actions,
+        }
 
     @property
     def actions(self) -> tuple[Action, ...]:
@@ -114,9 +151,15 @@ def _clean(value: Any) -> bool:
     return True
 
 
-def _clean_remedy(remedy: Remedy) -> Remedy:
-    runtime = tuple(s for s in remedy.runtime if _clean(s))
-    persistent = tuple(s for s in remedy.persistent if _clean(s))
+def _clean_remedy(remedy: Remedy, host: Host | None = None) -> Remedy:
+    def usable(step: Step) -> bool:
+        path = getattr(step, "path", None)
+        # A name that is not UTF-8 on the host reached the plan escaped: no file has it.
+        return _clean(step) and not (isinstance(path, str) and host is not None
+                                     and host.names.escaped(path))
+
+    runtime = tuple(s for s in remedy.runtime if usable(s))
+    persistent = tuple(s for s in remedy.persistent if usable(s))
     notes = tuple(n if _clean(n) else "a note was dropped: unprintable text" for n in remedy.notes)
     dropped = len(remedy.runtime) + len(remedy.persistent) - len(runtime) - len(persistent)
     if dropped:
@@ -214,7 +257,7 @@ def build_fix(
     params = [p for r in remedies for p in r.boot_params]
     if params:
         remedies.append(boot_remedy(host, params, os_release))
-    remedies = [_clean_remedy(r) for r in remedies]
+    remedies = [_clean_remedy(r, host) for r in remedies]
     if root:
         remedies = [_resolved(host, r) for r in remedies]
     sections: list[Section] = []
@@ -234,17 +277,16 @@ def build_fix(
                 actions.append(Action(action_id, phase, step, after))
         if actions or remedy.advice or remedy.notes:
             sections.append(Section(remedy, tuple(actions)))
-    digest = hashlib.sha256(
-        repr((report.host, root, hostname, [s.actions for s in sections])).encode()
-    ).hexdigest()[:8]
     return FixPlan(
         host=report.host,
         target=report.target,
         hostname=hostname,
         machine_id=machine_id,
         root=root,
-        fix_id=fix_id or f"{now:%Y%m%dT%H%M%SZ}-{digest}",
+        # Unpredictable: nobody can prepare a place for a fix's state before it runs.
+        fix_id=fix_id or f"{now:%Y%m%dT%H%M%SZ}-{secrets.token_hex(6)}",
         created=now.isoformat(timespec="seconds"),
         sections=tuple(sections),
         unhandled=tuple(unhandled),
+        salt=secrets.token_hex(8),
     )

@@ -4,23 +4,45 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+#: The highest CPU number a CPU list may name (Linux's NR_CPUS is at most 8192 today).
+MAX_CPU = 65535
+#: The most CPU numbers one list may spell out, counting repeats: a real list names each
+#: CPU once; a hostile one repeating ``0-65535`` must not cost minutes.
+MAX_CPULIST_WORK = 1 << 17
+#: The longest CPU list read (a list of every one of 65536 CPUs, one by one, is ~400 KB).
+MAX_CPULIST_TEXT = 1 << 19
+
 
 def parse_cpulist(text: str) -> list[int]:
-    """Parse a kernel CPU list (``0-3,8,10-11``) into sorted CPU numbers."""
+    """Parse a kernel CPU list (``0-3,8,10-11``) into sorted CPU numbers.
+
+    Raise ValueError for what is not one: a number past MAX_CPU, a range backwards, a
+    stride below 1, or a list that spells out more than MAX_CPULIST_WORK numbers.
+    """
+    if len(text) > MAX_CPULIST_TEXT:
+        raise ValueError("CPU list too long")
     cpus: set[int] = set()
+    work = 0
     for part in text.strip().split(","):
         part = part.strip()
         if not part:
             continue
         if "-" in part:
-            low, _, high = part.partition("-")
+            low_text, _, high_text = part.partition("-")
             step = 1
-            if ":" in high:  # 0-15:2 stride form
-                high, _, stride = high.partition(":")
+            if ":" in high_text:  # 0-15:2 stride form
+                high_text, _, stride = high_text.partition(":")
                 step = int(stride.split("/")[0])
-            cpus.update(range(int(low), int(high) + 1, step))
+            low, high = int(low_text), int(high_text)
         else:
-            cpus.add(int(part))
+            low = high = int(part)
+            step = 1
+        if not 0 <= low <= high <= MAX_CPU or step < 1:
+            raise ValueError(f"not a CPU range: {part[:40]!r}")
+        work += (high - low) // step + 1
+        if work > MAX_CPULIST_WORK:
+            raise ValueError("CPU list names too many CPUs")
+        cpus.update(range(low, high + 1, step))
     return sorted(cpus)
 
 

@@ -185,6 +185,8 @@ def load_policy(
             raise PolicyError(f"{path}: not valid TOML ({' '.join(str(exc).split())})") from exc
         except UnicodeDecodeError as exc:
             raise PolicyError(f"{path}: not valid TOML (not UTF-8 text)") from exc
+        except RecursionError as exc:
+            raise PolicyError(f"{path}: not valid TOML (nested too deeply)") from exc
         unknown = set(data) - {"profile", "checks", "waivers"}
         if unknown:
             raise PolicyError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}")

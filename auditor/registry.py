@@ -49,6 +49,9 @@ def _validate_one(cls: Any, name: str) -> None:
     for attr in ("rationale", "remedy"):
         if not isinstance(getattr(cls, attr, None), str):
             raise RegistryError(f"{name}: {attr} must be declared")
+    daemons: object = getattr(cls, "daemons", frozenset())
+    if not isinstance(daemons, frozenset) or not all(isinstance(d, str) for d in daemons):
+        raise RegistryError(f"{name}: daemons must be a frozenset of process names")
     events: object = getattr(cls, "events", frozenset())
     if not isinstance(events, frozenset) or not all(isinstance(e, Trigger) for e in events):
         raise RegistryError(f"{name}: events must be a frozenset of Trigger")

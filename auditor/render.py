@@ -7,6 +7,7 @@ lines of an applied fix. Every function returns text; the CLI writes it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shlex
@@ -39,7 +40,7 @@ _TEMPLATES = {
     "html": "report.html.j2",
     "junit": "report.junit.xml.j2",
 }
-Kind = Literal["text", "html", "xml", "shell"]
+Kind = Literal["text", "markdown", "html", "xml", "shell"]
 
 _ANSI = {
     Status.PASS: "32",
@@ -84,10 +85,56 @@ def _shell_finalize(value: Any) -> str:
     return shell_quote(value)
 
 
+def printable_lines(text: str) -> str:
+    """Return text with each line's control characters (ANSI escapes too) made visible."""
+    return "".join(_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", line) + "\n"
+                   for line in text.splitlines())
+
+
 def one_line(text: Any) -> str:
     """Fold a value onto one line, with control characters (ANSI escapes too) made visible."""
     folded = " ".join(str(text).split())
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", folded)
+
+
+class Safe(str):
+    """Text a template made itself (a colour code, an escaped value): output as it is."""
+
+
+def _escape_control(match: re.Match[str]) -> str:
+    return f"\\x{ord(match.group()):02x}"
+
+
+def _text_finalize(value: Any) -> Any:
+    # Every value a text template prints is one printable line: a host name, a message
+    # or an error read from a host cannot move the cursor, recolour or clear the terminal.
+    if isinstance(value, str) and not isinstance(value, Safe):
+        return _CONTROL.sub(_escape_control, value)
+    return value
+
+
+#: What starts a markdown construct inline (emphasis, code, links, tables, HTML, entities).
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]|~])")
+
+
+def md_escape(value: Any) -> Safe:
+    """Return a value as inert markdown on one line: no HTML, links, emphasis or table cells."""
+    text = one_line(value).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return Safe(_MD_SPECIAL.sub(r"\\\1", text))
+
+
+def md_code(value: Any) -> Safe:
+    """Return a value as a markdown code span where that is inert, else as escaped text."""
+    text = one_line(value)
+    if text and "`" not in text and "\\" not in text:
+        return Safe(f"`{text}`")
+    return md_escape(text)
+
+
+def _markdown_finalize(value: Any) -> Any:
+    if isinstance(value, str) and not isinstance(value, Safe):
+        return md_escape(value)
+    return value
 
 
 def _xml_finalize(value: Any) -> Any:
@@ -113,18 +160,22 @@ def make_environment(kind: Kind = "text", colour: bool = False) -> jinja2.Enviro
         options["finalize"] = _shell_finalize
     elif kind == "xml":
         options["finalize"] = _xml_finalize
+    elif kind == "text":
+        options["finalize"] = _text_finalize
+    elif kind == "markdown":
+        options["finalize"] = _markdown_finalize
     env = jinja2.Environment(**options)  # noqa: S701 - autoescape set per kind above
     env.filters["tojson_pretty"] = lambda value: json.dumps(value, indent=2, ensure_ascii=False)
     env.filters["paint"] = lambda text, status: (
-        f"\x1b[{_ANSI[Status(status)]}m{text}\x1b[0m" if colour else str(text)
+        Safe(f"\x1b[{_ANSI[Status(status)]}m{_text_finalize(str(text))}\x1b[0m") if colour
+        else str(text)
     )
     env.filters["literal"] = ShellLiteral
     env.filters["quote"] = lambda value: ShellLiteral(shell_quote(value))
     env.filters["comment"] = shell_comment
     env.filters["one_line"] = one_line
-    env.filters["md"] = lambda text: (
-        one_line(text).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
-    )
+    env.filters["md"] = md_escape
+    env.filters["code"] = md_code
     return env
 
 
@@ -213,7 +264,8 @@ def render_reports(
         from auditor import engines
 
         return engines.render_line(reports) if fmt == "line" else engines.render_nfd(reports)
-    kind: Kind = {"html": "html", "junit": "xml"}.get(fmt, "text")  # type: ignore[assignment]
+    kind: Kind = {"html": "html", "junit": "xml",  # type: ignore[assignment]
+                  "markdown": "markdown"}.get(fmt, "text")
     env = make_environment(kind, colour=colour and fmt == "text")
     template = env.get_template(_TEMPLATES[fmt])
     return template.render(
@@ -312,11 +364,51 @@ class RenderedFix:
     rollback: str
 
 
+def heredoc_end(name: str, text: str) -> str:
+    """Return a here-document delimiter that no line of ``text`` equals.
+
+    It carries a hash of the text, so no line of the text (a value read from the host
+    holding a newline and the delimiter included) can be it.
+    """
+    lines = set(text.split("\n"))
+    digest = hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest().upper()
+    for width in (12, 24, 64):
+        end = f"HOST_AUDITOR_{name}_{digest[:width]}"
+        if end not in lines:
+            return end
+    raise ValueError("no here-document delimiter fits")  # pragma: no cover
+
+
 def render_fix(plan: FixPlan) -> RenderedFix:
-    """Render the bash scripts that apply the plan and undo it."""
+    """Render the bash scripts that apply the plan and undo it.
+
+    A booted machine's scripts are bash. A sysroot's hand the plan to python3, which opens
+    every path inside the sysroot (:mod:`auditor.hosts.sysroot_fix`): bash cannot.
+    """
+    from auditor.remediations.steps import describe
+
     env = make_environment("shell")
-    rollback = env.get_template("rollback.sh.j2").render(plan=plan)
-    script = env.get_template("fix.sh.j2").render(plan=plan, rollback_text=rollback)
+    env.globals["describe"] = describe
+    if not plan.sysroot:
+        rollback = env.get_template("rollback.sh.j2").render(plan=plan)
+        script = env.get_template("fix.sh.j2").render(
+            plan=plan, rollback_text=rollback, rollback_end=heredoc_end("ROLLBACK", rollback))
+        return RenderedFix(script, rollback)
+    from auditor.hosts import sysroot_fix, treeio
+    from auditor.hosts.collect import module_sources
+
+    program = module_sources(treeio, sysroot_fix).decode("utf-8")
+    plan_json = json.dumps(plan.document(), ensure_ascii=True, sort_keys=True,
+                           separators=(",", ":"))
+    common: dict[str, Any] = {
+        "plan": plan, "plan_json": plan_json, "program": program,
+        "plan_end": heredoc_end("PLAN", plan_json),
+        "program_end": heredoc_end("PROGRAM", program),
+    }
+    template = env.get_template("fix_sysroot.sh.j2")
+    rollback = template.render(mode="rollback", **common)
+    script = template.render(mode="fix", rollback_text=rollback,
+                             rollback_end=heredoc_end("ROLLBACK", rollback), **common)
     return RenderedFix(script, rollback)
 
 

@@ -8,13 +8,17 @@ builds one report through the same fast path.
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import json
+import os
+import stat
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from auditor.model import Report, pick_report
+from auditor.text import printable
 
 
 @dataclass(frozen=True)
@@ -26,7 +30,7 @@ class Unreadable:
 
     def line(self) -> str:
         """Return the one-line message naming the file."""
-        return f"{self.path}: {self.reason}; left out of the merge"
+        return printable(f"{self.path}: {self.reason}; left out of the merge")
 
 
 @dataclass
@@ -76,12 +80,34 @@ def load_results(paths: Iterable[str]) -> LoadedResults:
         return _load_results(paths)
 
 
+#: The most bytes one result file may hold (a host's report is 20 to 100 KB; a merged
+#: report of a thousand hosts fits; /dev/zero behind a ``*.json`` name does not).
+MAX_RESULT = 64 << 20
+#: The most bytes of files read ahead of the one being parsed.
+READ_AHEAD_BYTES = 128 << 20
+
+
 def _read(path: str) -> bytes | OSError:
+    """Read a regular file of at most MAX_RESULT bytes (a FIFO or device is never opened)."""
     try:
-        with open(path, "rb") as handle:
-            return handle.read()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         return exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return OSError(errno.EINVAL, "not a regular file")
+        if st.st_size > MAX_RESULT:
+            return OSError(errno.EFBIG, f"larger than {MAX_RESULT >> 20} MiB")
+        with os.fdopen(os.dup(fd), "rb") as handle:
+            data = handle.read(MAX_RESULT + 1)
+        if len(data) > MAX_RESULT:
+            return OSError(errno.EFBIG, f"larger than {MAX_RESULT >> 20} MiB")
+        return data
+    except OSError as exc:
+        return exc
+    finally:
+        os.close(fd)
 
 
 def _read_ahead(paths: Iterable[str], window: int = 256) -> Iterator[tuple[str, bytes | OSError]]:
@@ -94,9 +120,19 @@ def _read_ahead(paths: Iterable[str], window: int = 256) -> Iterator[tuple[str, 
 
     pending = list(paths)
     with ThreadPoolExecutor(max_workers=8, thread_name_prefix="read") as pool:
-        for start in range(0, len(pending), window):
-            chunk = pending[start:start + window]
+        start = 0
+        while start < len(pending):
+            # A window of files, and of bytes: large inputs are not all held at once.
+            end, size = start, 0
+            while end < len(pending) and end - start < window and size < READ_AHEAD_BYTES:
+                try:
+                    size += min(os.stat(pending[end]).st_size, MAX_RESULT)
+                except OSError:
+                    pass
+                end += 1
+            chunk = pending[start:end]
             yield from zip(chunk, pool.map(_read, chunk), strict=True)
+            start = end
 
 
 def _load_results(paths: Iterable[str]) -> LoadedResults:
@@ -111,6 +147,9 @@ def _load_results(paths: Iterable[str]) -> LoadedResults:
         except UnicodeDecodeError:
             loaded.unreadable.append(Unreadable(path, "not UTF-8 text"))
             continue
+        except RecursionError:
+            loaded.unreadable.append(Unreadable(path, "not a report: JSON nested too deeply"))
+            continue
         except json.JSONDecodeError as exc:
             cut = exc.msg.startswith("Unterminated") or exc.pos >= len(raw.rstrip())
             what = "truncated JSON" if cut and raw.strip() else "not valid JSON"
@@ -120,8 +159,8 @@ def _load_results(paths: Iterable[str]) -> LoadedResults:
             continue
         try:
             reports = [Report.from_dict(doc) for doc in _documents(data)]
-        except ValueError as exc:
-            loaded.unreadable.append(Unreadable(path, " ".join(str(exc).split())))
+        except (ValueError, RecursionError) as exc:
+            loaded.unreadable.append(Unreadable(path, printable(" ".join(str(exc).split()))[:300]))
             continue
         for report in reports:
             seen = by_host.get(report.host)
@@ -132,10 +171,10 @@ def _load_results(paths: Iterable[str]) -> LoadedResults:
                 continue
             chosen, why = pick_report(loaded.reports[seen], report)
             keep = path if chosen is report else loaded.sources[report.host]
-            loaded.notes.append(
+            loaded.notes.append(printable(
                 f"{report.host}: reported by {loaded.sources[report.host]} and {path}; "
                 f"keeping {keep} ({why})"
-            )
+            ))
             if chosen is report:
                 loaded.reports[seen] = report
                 loaded.sources[report.host] = path

@@ -9,11 +9,14 @@ failure through callbacks: nothing here prints.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import hmac
 import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -77,6 +80,28 @@ def _unique_keys(findings: list[Finding]) -> list[Finding]:
     return unique
 
 
+#: host-auditor's application id for machine-id(5)'s app-specific ids.
+APP_ID = bytes.fromhex("f36936c499aa4b7299e711b301f336f9")
+
+
+def app_machine_id(machine_id: str) -> str:
+    """Return the app-specific id of a machine-id, never the machine-id itself.
+
+    machine-id(5): the id is confidential, "should be hashed with a cryptographic, keyed
+    hash function, using a fixed, application-specific key"; this is systemd's
+    ``sd_id128_get_machine_app_specific()``: HMAC-SHA256 of the app id keyed by the
+    machine id, its first 16 bytes made a version 4 UUID. Stable per host, so fleets can
+    still tell hosts apart by it.
+    """
+    text = machine_id.strip().lower()
+    key = bytes.fromhex(text) if len(text) == 32 and all(
+        c in "0123456789abcdef" for c in text) else text.encode("utf-8", "replace")
+    digest = bytearray(hmac.new(key, APP_ID, hashlib.sha256).digest()[:16])
+    digest[6] = (digest[6] & 0x0F) | 0x40
+    digest[8] = (digest[8] & 0x3F) | 0x80
+    return digest.hex()
+
+
 def host_facts(host: Host) -> tuple[tuple[str, str], ...]:
     """Return a few facts that identify the host in a report."""
     facts: list[tuple[str, str]] = []
@@ -89,7 +114,7 @@ def host_facts(host: Host) -> tuple[tuple[str, str], ...]:
             facts.append(("os", line.partition("=")[2].strip().strip('"')))
     machine_id = host.read_optional("/etc/machine-id")
     if machine_id:
-        facts.append(("machine_id", machine_id))
+        facts.append(("machine_id", app_machine_id(machine_id)))
     facts.append(("environment", environment(host).describe()))
     return tuple(facts)
 
@@ -101,17 +126,34 @@ def audit(
     *,
     debug: bool = False,
     workers: int | None = None,
+    deadline: float | None = None,
 ) -> Report:
-    """Run every check against ``host`` in parallel and collect the report."""
+    """Run every check against ``host`` in parallel and collect the report.
+
+    ``deadline`` (``time.monotonic()``): a check still running then becomes an ``error``
+    finding (its thread is left to finish on its own).
+    """
     from auditor import __version__
 
     started_at = dt.datetime.now(dt.timezone.utc)
     started = time.perf_counter()
     pool_size = max(1, min(len(checks), workers or 8))
-    with ThreadPoolExecutor(max_workers=pool_size, thread_name_prefix="check") as pool:
+    pool = ThreadPoolExecutor(max_workers=pool_size, thread_name_prefix="check")
+    try:
         futures = [pool.submit(run_check, host, check, policy, debug) for check in checks]
         facts = host_facts(host)
-        results = tuple(future.result() for future in futures)
+        done: list[CheckResult] = []
+        for check, future in zip(checks, futures, strict=True):
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                done.append(future.result(timeout=left))
+            except FutureTimeout:
+                done.append(CheckResult(check.id, time.perf_counter() - started, (replace(
+                    _error(check, "timed out: the host's --timeout passed before the check "
+                           "finished"), host=host.name),)))
+        results = tuple(done)
+    finally:
+        pool.shutdown(wait=deadline is None, cancel_futures=True)
     return Report(
         host=host.name,
         target=host.target,
@@ -260,7 +302,8 @@ class FleetAudit:
                 raise KeyboardInterrupt
             host.connect()
             host.collect(self.patterns)
-            report = audit(host, self.checks, self.policy, debug=self.debug, workers=1)
+            report = audit(host, self.checks, self.policy, debug=self.debug, workers=1,
+                           deadline=host.deadline)
             report = remote_report(host, report, started_at, time.perf_counter() - started)
             fell_back = sudo_fell_back(host, self.options.sudo)
             if fell_back:
@@ -285,6 +328,7 @@ class FleetAudit:
                                    host.target, remote_timing(host))
         finally:
             host.close()
+            host.release_memory()
             with self._lock:
                 self._live.pop(index, None)
         self.reports[index] = report
@@ -356,6 +400,10 @@ class FleetAudit:
         # Ctrl-C reaches the whole process group: the parent decides, and ends the workers.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         self._processes = []
+        # The run's memory budget is shared out: each worker holds its share.
+        from auditor.hosts.ssh import MemoryBudget
+
+        self.context.budget = MemoryBudget(self.context.budget.total // self.workers)
         self._run_threads(share, parallel, lambda index, report: writer.send((index, report)))
         writer.close()
 

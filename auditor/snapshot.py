@@ -9,15 +9,20 @@ collector never takes a secret (process environments, memory, keys).
 from __future__ import annotations
 
 import gzip
+import io
 import os
+import re
 import sys
+import tarfile
 import tempfile
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from auditor.check import CheckClass
 from auditor.errors import SnapshotError, UsageError
+from auditor.hosts.base import MAX_PATH_PARTS, Entry, Host, printable
 
 if TYPE_CHECKING:
     from auditor.hosts.ssh import SshOptions
@@ -37,9 +42,10 @@ class Capture:
 
     def summary(self, where: str) -> str:
         """Return the one line that says what was captured and where it went."""
-        return (f"snapshot of {self.host} ({self.target}) for {self.checks} checks: "
-                f"{self.entries} entries, {self.devices} device nodes, {len(self.data)} bytes "
-                f"-> {where}" + (f" ({self.note})" if self.note else ""))
+        return printable(
+            f"snapshot of {self.host} ({self.target}) for {self.checks} checks: "
+            f"{self.entries} entries, {self.devices} device nodes, {len(self.data)} bytes "
+            f"-> {where}" + (f" ({self.note})" if self.note else ""))
 
 
 def write_capture(output: str, data: bytes) -> None:
@@ -63,32 +69,153 @@ def write_capture(output: str, data: bytes) -> None:
         raise UsageError(f"{output}: cannot write capture ({exc.strerror})") from exc
 
 
-def capture_local(checks: Sequence[CheckClass]) -> bytes:
-    """Return a gzip tar sysroot of every path the checks read on this machine."""
+#: Paths a snapshot never carries: the machine-id is confidential (machine-id(5)); a
+#: report carries only its app-specific hash.
+NEVER_KEPT = frozenset({"/etc/machine-id"})
+_PROCESS = re.compile(r"/proc/([0-9]+)(?:/|$)")
+_MAX_LINKS = 40
+
+
+@dataclass(frozen=True)
+class Rebuilt:
+    """A snapshot rebuilt from what was parsed: the gzip tar and what it holds."""
+
+    data: bytes
+    entries: int
+    devices: int
+
+
+def rebuild(source: Host, patterns: Sequence[str], daemons: frozenset[str]) -> Rebuilt:
+    """Return a gzip tar sysroot of what ``patterns`` reach in ``source``, and nothing else.
+
+    The tar is written anew from what was parsed, never copied: names normalised, only
+    directories, regular files (at most FILE_CAP bytes), symlinks, and character or block
+    devices under /dev; nothing the collector never collects (keys, process memory); the
+    machine-id left out; of the process list, only the processes named in ``daemons``.
+    """
+    from auditor.hosts.collect import FILE_CAP
+    from auditor.hosts.collector_script import denied
+
+    kept: dict[str, Entry] = {}
+    # Processes: a /proc/PID entry only where PID is a daemon a check looks for.
+    processes = {m.group(1) for path in source.glob("/proc/[0-9]*/comm")
+                 if (m := _PROCESS.match(path))
+                 and (source.read_optional(path) or "") in daemons}
+
+    def allowed(path: str, entry: Entry) -> bool:
+        if denied(path) or path in NEVER_KEPT:
+            return False
+        pid = _PROCESS.match(path)
+        if pid is not None and pid.group(1) not in processes:
+            return False
+        if entry.kind in ("chr", "blk"):
+            return path.startswith("/dev/")
+        return entry.kind in ("file", "dir", "link")
+
+    def add_path(path: str) -> None:
+        pending = deque(p for p in path.split("/") if p)
+        resolved = ""
+        hops = 0
+        links: list[str] = []
+        while pending:
+            part = pending.popleft()
+            if part == ".":
+                continue
+            if part == "..":
+                resolved = resolved.rpartition("/")[0]
+                continue
+            candidate = resolved + "/" + part
+            entry = source.lstat(candidate)
+            if (entry is None and (denied(candidate) or candidate in NEVER_KEPT)) or (
+                    entry is not None and not allowed(candidate, entry)):
+                for link in links:  # a symlink that leads to what is never kept goes too
+                    kept.pop(link, None)
+                return
+            if entry is None:
+                return
+            if candidate not in kept:
+                kept[candidate] = entry
+                if entry.kind == "link":
+                    links.append(candidate)
+            if entry.kind == "link":
+                hops += 1
+                if hops > _MAX_LINKS:
+                    return
+                if entry.target.startswith("/"):
+                    resolved = ""
+                parts = [p for p in entry.target.split("/") if p]
+                if len(parts) + len(pending) > MAX_PATH_PARTS:
+                    for link in links:
+                        kept.pop(link, None)
+                    return
+                pending.extendleft(reversed(parts))
+                continue
+            if pending and entry.kind != "dir":
+                return
+            resolved = candidate
+
+    for pattern in patterns:
+        for path in source.glob(pattern):
+            add_path(path)
+    buffer = io.BytesIO()
+    devices = 0
+    with gzip.GzipFile(fileobj=buffer, mode="wb", compresslevel=6, mtime=0) as packed, \
+            tarfile.open(fileobj=packed, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        for path in sorted(kept):
+            entry = kept[path]
+            info = tarfile.TarInfo(path.lstrip("/"))
+            data: bytes | None = None
+            if entry.kind == "dir":
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+            elif entry.kind == "link":
+                info.type, info.mode, info.linkname = tarfile.SYMTYPE, 0o777, entry.target
+            elif entry.kind in ("chr", "blk"):
+                info.type = tarfile.CHRTYPE if entry.kind == "chr" else tarfile.BLKTYPE
+                info.mode, info.devmajor, info.devminor = 0o600, entry.major, entry.minor
+                devices += 1
+            else:
+                try:
+                    data = source.read_bytes(path, FILE_CAP)
+                except OSError:
+                    continue
+                info.mode, info.size = 0o644, len(data)
+            archive.addfile(info, io.BytesIO(data) if data is not None else None)
+    return Rebuilt(buffer.getvalue(), len(kept), devices)
+
+
+def daemons_of(checks: Sequence[CheckClass]) -> frozenset[str]:
+    """Return the process names the checks look for (``Check.daemons``)."""
+    return frozenset().union(*(c.daemons for c in checks))
+
+
+def capture_local(checks: Sequence[CheckClass]) -> Rebuilt:
+    """Return a snapshot of every path the checks read on this machine."""
+    from auditor.hosts.archive import ArchiveHost
     from auditor.hosts.collect import collect_tar
     from auditor.registry import collected_paths
 
-    return collect_tar(collected_paths(checks), compress=True)
+    patterns = collected_paths(checks)
+    collected = ArchiveHost(collect_tar(patterns), "local")
+    return rebuild(collected, patterns, daemons_of(checks))
 
 
 def capture_remote(target: str, checks: Sequence[CheckClass],
-                   options: SshOptions | None = None) -> tuple[bytes, str]:
-    """Return a gzip tar sysroot of what the checks read on a host over SSH, and a note.
+                   options: SshOptions | None = None) -> tuple[Rebuilt, str]:
+    """Return a snapshot of what the checks read on a host over SSH, and a note.
 
     The note says why root-only files may be missing ("" when the collector ran as root).
     """
     from auditor.hosts.ssh import SshHost, parse_target
     from auditor.registry import collected_paths
 
+    patterns = collected_paths(checks)
     host = SshHost(parse_target(target), options)
     try:
         host.connect()
-        host.collect(collected_paths(checks))
+        host.collect(patterns)
     finally:
         host.close()
-    assert host.collection is not None  # collect() sets it or raises
-    tar = host.collection.tar
-    return (tar if tar[:2] == b"\x1f\x8b" else gzip.compress(tar, 6)), host.privilege_note
+    return rebuild(host, patterns, daemons_of(checks)), host.privilege_note
 
 
 def snapshot(target: str, checks: Sequence[CheckClass],
@@ -98,13 +225,12 @@ def snapshot(target: str, checks: Sequence[CheckClass],
 
     note = ""
     if target == "local":
-        data = capture_local(checks)
+        rebuilt = capture_local(checks)
     else:
-        data, note = capture_remote(target, checks, ssh_options)
+        rebuilt, note = capture_remote(target, checks, ssh_options)
     try:
-        capture = ArchiveHost(data, target)
-    except SnapshotError as exc:  # the collector wrote something ArchiveHost cannot read
+        capture = ArchiveHost(rebuilt.data, target)
+    except SnapshotError as exc:  # pragma: no cover - written just above
         raise SnapshotError(f"{target}: the capture is not a readable sysroot ({exc})") from exc
-    members = capture.members()
-    devices = sum(1 for m in members if (e := capture.lstat(m)) and e.kind in ("chr", "blk"))
-    return Capture(data, capture.name, target, len(checks), len(members), devices, note)
+    return Capture(rebuilt.data, capture.name, target, len(checks), rebuilt.entries,
+                   rebuilt.devices, note)

@@ -322,6 +322,7 @@ class CpuCstates(Check[CstateOptions]):
         "/proc/[0-9]*/comm",
         *where.READS,
     )
+    daemons: ClassVar[frozenset[str]] = frozenset({"tuned"})
     rationale: ClassVar[str] = (
         "Between bursts the threads that launch GPU kernels, move tokens and answer the "
         "network go idle, and cpuidle puts their cores into the deepest state it expects to "

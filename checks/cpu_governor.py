@@ -113,6 +113,7 @@ class CpuGovernor(Check[GovernorOptions]):
         "/proc/[0-9]*/comm",
         *where.READS,
     )
+    daemons: ClassVar[frozenset[str]] = frozenset(REVERTING_DAEMONS)
     rationale: ClassVar[str] = (
         "The CPU threads that tokenize, schedule batches and launch GPU kernels are bursty: "
         "they idle while the GPU computes and then must run at once. Governors that scale "

@@ -55,14 +55,47 @@ BLACKWELL_DEVICE_RANGES = (
 
 #: "NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build ..." (open) and
 #: "NVIDIA UNIX x86_64 Kernel Module  550.54.14  Thu Feb 22 ..." (proprietary).
-_NVRM = re.compile(
-    r"NVIDIA UNIX (?P<open>Open )?.*?Kernel Module\b.*?\s(?P<version>\d+\.\d+(?:\.\d+)?)\b"
-)
+_NVRM_VERSION = re.compile(r"\s(\d+\.\d+(?:\.\d+)?)\b")
+#: Lines of /proc/driver/nvidia/version looked at (the driver's line is the first).
+_NVRM_LINES = 16
 _DRIVER_VERSION = re.compile(r"\d+\.\d+(?:\.\d+)?")
 _PROC_VERSION = re.compile(r"Linux version (\S+)")
 _RELEASE = re.compile(r"[0-9][A-Za-z0-9._+~-]*", re.ASCII)
 #: Drivers that hold a GPU for a virtual machine: no host driver is expected then.
 PASSTHROUGH_DRIVERS = frozenset({"vfio-pci", "pci-stub"})
+
+
+def _nvrm(text: str) -> tuple[str, str] | None:
+    """Return (version, "open" or "proprietary") from the NVRM line, in linear time.
+
+    The line reads "NVIDIA UNIX [Open ]... Kernel Module ... <version> ..."; a version is
+    the first blank-led ``N.N[.N]`` after the first whole-word "Kernel Module" (only the
+    first occurrence of each needs a look: a later one sees less of the line).
+    """
+    lines = text.split("\n", _NVRM_LINES)[:_NVRM_LINES]
+    for number, line in enumerate(lines):
+        at = line.find("NVIDIA UNIX ")
+        if at < 0:
+            continue
+        rest = line[at + len("NVIDIA UNIX "):]
+        module = rest.find("Kernel Module")
+        while module >= 0:
+            after = module + len("Kernel Module")
+            if after >= len(rest) or not (rest[after].isalnum() or rest[after] == "_"):
+                break
+            module = rest.find("Kernel Module", after)
+        if module < 0:
+            continue
+        # The blank before the version may be the line's newline (the version then starts
+        # the next line), never anything further on.
+        tail = rest[module + len("Kernel Module"):]
+        following = lines[number + 1] if number + 1 < len(lines) else None
+        found = _NVRM_VERSION.search(tail if following is None else f"{tail}\n{following}")
+        if found is not None and found.start() <= len(tail):
+            return found.group(1), "open" if rest.startswith("Open ") else "proprietary"
+    return None
+
+
 
 
 def is_blackwell(device_id: int) -> bool:
@@ -118,9 +151,9 @@ def nvidia_driver(host: Host) -> tuple[str, str] | None:
     """
     text = host.read_optional(NVIDIA_PROC_VERSION)
     if text:
-        match = _NVRM.search(text)
-        if match:
-            return match.group("version"), "open" if match.group("open") else "proprietary"
+        parsed = _nvrm(text)
+        if parsed is not None:
+            return parsed
     module_version = host.read_optional(NVIDIA_MODULE_VERSION)
     if not module_version:
         return None

@@ -151,6 +151,7 @@ class NumaBalancing(Check[CheckOptions]):
         "/proc/[0-9]*/comm",
         *where.READS,
     )
+    daemons: ClassVar[frozenset[str]] = frozenset({"tuned"})
     rationale: ClassVar[str] = (
         "With kernel.numa_balancing on, the kernel unmaps pages to sample accesses and migrates "
         "them between nodes. An inference server pins its threads and GPU buffers per socket; "

@@ -33,6 +33,16 @@ class SetValue:
     sysctl: str = ""
 
 
+#: Fields of the PCIe Device Control register (PCI Express capability + 0x08) that hold a
+#: size as 128 << value, by (register, mask): the name a log line gives them, and their
+#: shift (PCI Express Base Specification, Device Control Register: Max_Payload_Size is
+#: bits 7:5, Max_Read_Request_Size bits 14:12).
+PCI_SIZE_FIELDS: dict[tuple[str, str], tuple[str, int]] = {
+    ("CAP_EXP+08.w", "7000"): ("MaxReadReq", 12),
+    ("CAP_EXP+08.w", "00e0"): ("MaxPayload", 5),
+}
+
+
 @dataclass(frozen=True)
 class SetPciBits:
     """Read-modify-write some bits of a PCI config register with setpci, then read back."""
@@ -42,6 +52,11 @@ class SetPciBits:
     register: str
     value: str
     mask: str
+
+    @property
+    def field(self) -> tuple[str, int] | None:
+        """Return (name, shift) when the bits are a known size field, else None."""
+        return PCI_SIZE_FIELDS.get((self.register, self.mask.lower().zfill(4)))
 
 
 @dataclass(frozen=True)
@@ -112,6 +127,30 @@ class RunCommand:
 
 Step = (SetValue | SetPciBits | WriteFile | ReplaceLine | InsertLine | AppendLine | MakeSymlink
         | RunCommand)
+
+
+def describe(step: Step) -> str:
+    """Return one line saying what a step makes true (paths and values as they are)."""
+    if isinstance(step, SetValue):
+        return f"{step.path} = {step.value}" + (f" (sysctl {step.sysctl})" if step.sysctl else "")
+    if isinstance(step, SetPciBits):
+        field = step.field
+        if field is not None:
+            size = 128 << ((int(step.value, 16) >> field[1]) & 7)
+            return f"{step.address} {field[0]} -> {size} bytes"
+        return f"{step.address} {step.register} bits {step.mask} = {step.value}"
+    if isinstance(step, WriteFile):
+        lines = step.content.count("\n") or 1
+        return f"{step.path}: write {lines} line(s), mode {step.mode}"
+    if isinstance(step, ReplaceLine):
+        return f"{step.path}:{step.line}: {step.old} -> {step.new}"
+    if isinstance(step, InsertLine):
+        return f"{step.path}:{step.after + 1}: add {step.text}"
+    if isinstance(step, AppendLine):
+        return f"{step.path}: add {step.text}"
+    if isinstance(step, MakeSymlink):
+        return f"{step.path} -> {step.target} (symlink)"
+    return "run " + " ".join(step.argv)
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -29,3 +30,23 @@ def h200(make_sysroot: Callable[[str], Sysroot]) -> Sysroot:
 @pytest.fixture
 def virtio(make_sysroot: Callable[[str], Sysroot]) -> Sysroot:
     return make_sysroot("virtio")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def sysroot_fix_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Keep the state of the sysroot fixes the tests run in a directory of the test run.
+
+    (A fix of a sysroot keeps it on the side of whoever runs it; as root, without this,
+    below /var/lib/host-auditor/sysroots. One test checks that place.)
+    """
+    from auditor.hosts.sysroot_fix import STATE_ENV
+
+    state = tmp_path_factory.mktemp("sysroot-fix-state")
+    os.chmod(state, 0o700)
+    before = os.environ.get(STATE_ENV)
+    os.environ[STATE_ENV] = str(state / "sysroots")
+    yield state / "sysroots"
+    if before is None:
+        os.environ.pop(STATE_ENV, None)
+    else:
+        os.environ[STATE_ENV] = before

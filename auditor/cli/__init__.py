@@ -22,6 +22,7 @@ from typer._click.exceptions import ClickException, NoArgsIsHelpError
 from auditor import __version__
 from auditor.cli import fleet, host, local
 from auditor.cli.options import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from auditor.text import printable
 
 app = typer.Typer(
     name="audit",
@@ -92,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # traceback only when asked for.
         if "--debug" in args:
             raise
-        message = " ".join(f"{type(exc).__name__}: {exc}".split())[:400]
+        message = printable(" ".join(f"{type(exc).__name__}: {exc}".split())[:400])
         print(f"audit: internal error: {message} (run with --debug for the traceback)",
               file=sys.stderr)
         return EXIT_INTERNAL

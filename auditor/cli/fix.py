@@ -15,12 +15,16 @@ import shlex
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from auditor.check import CheckClass
 from auditor.errors import UsageError
 from auditor.hosts.base import Host
 from auditor.model import Report
 from auditor.policy import Policy
+
+if TYPE_CHECKING:
+    from auditor.fix import FixPlan
 
 
 @dataclass(frozen=True)
@@ -81,7 +85,7 @@ def fix(
     The exit code is 1 when the fix script failed or was refused, else 0.
     """
     from auditor.fix import build_fix
-    from auditor.render import render_comparison, render_fix
+    from auditor.render import printable_lines, render_comparison, render_fix
 
     plan = build_fix(host, report, checks, policy)
     scripts = render_fix(plan)
@@ -90,7 +94,7 @@ def fix(
     rollback_path = request.rollback_path
     if rollback_path:
         _write(rollback_path, scripts.rollback)
-    _say(plan.summary())
+    _say(printable_lines(plan.summary()).rstrip("\n"))
     if request.fix_script or rollback_path:
         _say(f"wrote {' and '.join(p for p in (request.fix_script, rollback_path) if p)}")
     if not request.apply:
@@ -108,12 +112,13 @@ def fix(
             return report, 1
     result = host.run_script(scripts.script, sudo=sudo)
     after = reaudit()
-    sys.stderr.write(result.output)
+    # What the script printed came from the host: each line made printable.
+    sys.stderr.write(printable_lines(result.output))
     print(render_comparison(report, after), end="", file=sys.stderr)
     if result.returncode != 0:
         _say(f"audit: error: the fix script exited {result.returncode}")
         return after, 1
-    kept = f"{plan.root}/var/lib/host-auditor/{plan.fix_id}/rollback.sh"
+    kept = kept_rollback(plan, local=not remote)
     if remote:
         # The rollback runs where the fix ran; the fix keeps a copy of it there.
         _say(f"undo on {where} with: sudo bash {shlex.quote(kept)}"
@@ -121,3 +126,21 @@ def fix(
     else:
         _say(f"undo with: bash {shlex.quote(rollback_path or kept)}")
     return after, 0
+
+
+def kept_rollback(plan: FixPlan, *, local: bool) -> str:
+    """Return where the fix keeps its copy of the rollback once it changed something.
+
+    A booted machine's fix keeps it in ``/var/lib/host-auditor/FIX-ID/``. A sysroot's keeps
+    it on the side of whoever ran the fix, never in the sysroot (see
+    :mod:`auditor.hosts.sysroot_fix`); on a remote host, as root (the fix ran under sudo).
+    """
+    from auditor.hosts import sysroot_fix
+
+    if not plan.sysroot:
+        return f"/var/lib/host-auditor/{plan.fix_id}/rollback.sh"
+    if local:
+        return os.path.join(sysroot_fix.state_dir(os.path.realpath(plan.root), plan.fix_id),
+                            "rollback.sh")
+    return (f"/var/lib/host-auditor/sysroots/{sysroot_fix.state_key(plan.root)}/"
+            f"{plan.fix_id}/rollback.sh")

@@ -48,6 +48,7 @@ from auditor.cli.options import (
 )
 from auditor.errors import UsageError
 from auditor.model import Report
+from auditor.text import printable
 
 if TYPE_CHECKING:
     from auditor.check import CheckClass
@@ -197,10 +198,10 @@ def host_command(
         raise typer.Exit(_fix_remote(wanted[0], reach, checks, loaded, options, request))
     fleet = FleetAudit(wanted, reach, checks, loaded, parallel=parallel, debug=debug,
                        workers=workers,
-                       on_error=lambda line: print(f"audit: error: {line}", file=sys.stderr,
-                                                   flush=True),
-                       on_note=lambda line: print(f"audit: warning: {line}", file=sys.stderr,
-                                                  flush=True))
+                       on_error=lambda line: print(f"audit: error: {printable(line)}",
+                                                   file=sys.stderr, flush=True),
+                       on_note=lambda line: print(f"audit: warning: {printable(line)}",
+                                                  file=sys.stderr, flush=True))
     fleet.start()  # fork any workers before the progress bar starts its thread
     on_done, stop_progress = _progress(len(wanted))
     interrupted = False

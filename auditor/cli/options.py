@@ -21,6 +21,7 @@ import typer
 from auditor.errors import AuditorError, UsageError
 from auditor.model import FailOn, Report
 from auditor.render import FORMATS
+from auditor.text import printable
 
 if TYPE_CHECKING:
     from auditor.check import CheckClass
@@ -46,14 +47,14 @@ def exit_code_of(error: BaseException) -> int:
 
 
 def fatal(message: str, code: int) -> NoReturn:
-    """Print one line to stderr and exit with ``code``."""
-    print(f"audit: error: {message}", file=sys.stderr)
+    """Print one line to stderr (made printable: it may quote a host) and exit with ``code``."""
+    print(f"audit: error: {printable(message)}", file=sys.stderr)
     raise typer.Exit(code)
 
 
 def note(message: str) -> None:
-    """Print one line of information to stderr."""
-    print(f"audit: {message}", file=sys.stderr)
+    """Print one line of information to stderr (made printable)."""
+    print(f"audit: {printable(message)}", file=sys.stderr)
 
 
 @contextlib.contextmanager

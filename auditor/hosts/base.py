@@ -9,12 +9,17 @@ from __future__ import annotations
 import fnmatch
 import posixpath
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, TypeVar
 
+from auditor.text import printable
+
 if TYPE_CHECKING:
     from typing_extensions import Self
+
+__all__ = ["Entry", "Host", "Names", "ScriptResult", "clean_host_name", "printable"]
 
 EntryKind = Literal["file", "dir", "link", "chr", "blk", "other"]
 #: ``local``: the machine this runs on; ``ssh``: a remote machine's own ``/``;
@@ -23,7 +28,69 @@ EntryKind = Literal["file", "dir", "link", "chr", "blk", "other"]
 HostKind = Literal["local", "ssh", "sysroot"]
 
 _MAX_LINKS = 40
+#: The most components a path may have while it is resolved (PATH_MAX is 4096 bytes).
+MAX_PATH_PARTS = 4096
+#: The longest host name kept (a DNS name's limit).
+MAX_HOST_NAME = 253
 T = TypeVar("T")
+
+
+class Names:
+    """File names turned into text once, where a backend meets them.
+
+    A Linux file name is any bytes but NUL and ``/``. One that is not UTF-8 becomes
+    text with each stray byte written ``\\xNN`` (Python's ``backslashreplace``), so
+    reports, JSON and Prometheus labels are valid text and two such names stay
+    distinct; the backend keeps the raw bytes of every name it escaped, to reach the
+    file again.
+    """
+
+    def __init__(self) -> None:
+        self._raw: dict[str, bytes] = {}
+
+    def text(self, raw: bytes) -> str:
+        """Return one name (or a path whose names are all UTF-8) as text."""
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+        if b"/" in raw:
+            return "/".join(self.text(part) for part in raw.split(b"/"))
+        text = raw.decode("utf-8", "backslashreplace")
+        self._raw.setdefault(text, raw)
+        return text
+
+    def from_os(self, name: str) -> str:
+        """Return a name Python decoded with ``surrogateescape`` (``os.listdir``) as text."""
+        if name.isascii():
+            return name
+        try:
+            name.encode("utf-8")
+            return name
+        except UnicodeEncodeError:
+            return self.text(name.encode("utf-8", "surrogateescape"))
+
+    def raw(self, path: str) -> bytes:
+        """Return the bytes of a path whose names came from :meth:`text`."""
+        if not self._raw:
+            return path.encode("utf-8", "surrogateescape")
+        return b"/".join(self._raw.get(part) or part.encode("utf-8", "surrogateescape")
+                         for part in path.split("/"))
+
+    def escaped(self, path: str) -> bool:
+        """Return whether a path holds a name that is not UTF-8 on the host."""
+        return bool(self._raw) and any(part in self._raw for part in path.split("/"))
+
+
+def clean_host_name(text: str | None) -> str:
+    """Return a host name read from the host as one printable token (or "")."""
+    if not text:
+        return ""
+    # Only the first line and word count: /etc/hostname may hold anything, and a
+    # capture's may be a megabyte of it.
+    words = text[:4096].split(maxsplit=1)
+    first = words[0] if words else ""
+    return "".join(c for c in first if c.isprintable())[:MAX_HOST_NAME]
 
 
 @dataclass(frozen=True)
@@ -74,6 +141,14 @@ class Host(ABC):
         """List a directory at a path with no symlinks in it."""
 
     # -- derived operations ------------------------------------------------------------
+
+    @property
+    def names(self) -> Names:
+        """Return how this host turned its file names into text (see :class:`Names`)."""
+        names: Names | None = self.__dict__.get("_names")
+        if names is None:
+            names = self.__dict__.setdefault("_names", Names())
+        return names
 
     def fact(self, key: str, compute: Callable[[Host], T]) -> T:
         """Return a fact about the host, computed once and shared by every check of an audit.
@@ -126,11 +201,11 @@ class Host(ABC):
 
     def _walk(self, path: str) -> str:
         """Follow every symlink in ``path`` component by component, clamped at the root."""
-        pending = [p for p in _normalise(path).split("/") if p]
+        pending = deque(p for p in _normalise(path).split("/") if p)
         resolved: list[str] = []
         hops = 0
         while pending:
-            part = pending.pop(0)
+            part = pending.popleft()
             if part == ".":
                 continue
             if part == "..":
@@ -146,7 +221,12 @@ class Host(ABC):
                 target = entry.target
                 if target.startswith("/"):
                     resolved = []
-                pending = [p for p in target.split("/") if p] + pending
+                parts = [p for p in target.split("/") if p]
+                # A link's target is bounded as the kernel bounds a path (PATH_MAX is 4096
+                # bytes): a hostile one of a million components must not cost minutes.
+                if len(parts) + len(pending) > MAX_PATH_PARTS:
+                    raise OSError(f"file name too long: {path[:200]}")
+                pending.extendleft(reversed(parts))
                 continue
             resolved.append(part)
         return "/" + "/".join(resolved)
@@ -175,6 +255,11 @@ class Host(ABC):
             raise FileNotFoundError(path)
         if entry.kind == "dir":
             raise IsADirectoryError(path)
+        if entry.kind != "file" and self.kind != "local":
+            # A sysroot's or a remote host's device node or FIFO is never read as a file:
+            # it could be the operator's disk, or block forever. (The live machine reads
+            # its own devices, such as /dev/cpu_dma_latency, as before.)
+            raise OSError(f"{path}: not a regular file")
         return self._read_resolved(resolved, limit)
 
     def read_text(self, path: str, limit: int = 1 << 20) -> str:

@@ -26,14 +26,17 @@ import io
 import os
 import shlex
 import tarfile
+import time
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import BinaryIO
 
 from auditor import environment
 from auditor.errors import CollectError
-from auditor.hosts import collector_script
+from auditor.hosts import collector_script, treeio
+from auditor.text import printable
 
 FILE_CAP = collector_script.FILE_CAP
 
@@ -149,6 +152,10 @@ if [ "$1" = -r ]; then
     R=${2%/}
     shift 2
     if [ ! -d "$R/" ]; then printf '%s: no such directory\n' "$R" >&2; exit 2; fi
+    # sh can only open a path by name: a tree that changes under it could send a read
+    # outside. Reading a sysroot safely needs openat, which the python3 collector has.
+    printf '%s: reading a sysroot needs python3 on the host\n' "$R" >&2
+    exit 2
 fi
 printf 'sh uid=%s\n' "$(id -u)"
 IFS=
@@ -190,10 +197,23 @@ exec $run sh -c "$shcollector" sh "$@"
 """
 
 
+def module_sources(*modules: ModuleType) -> bytes:
+    """Return the modules' sources joined into one program (sent to a remote ``python3``).
+
+    A later module finds the names an earlier one defined already in place of its import.
+    """
+    parts: list[bytes] = []
+    for module in modules:
+        path = module.__file__
+        assert path is not None
+        with open(path, "rb") as handle:
+            parts.append(handle.read())
+    return b"\n".join(parts)
+
+
 def _collector_source() -> bytes:
-    path = collector_script.__file__
-    with open(path, "rb") as handle:
-        source = handle.read()
+    # treeio first: the collector reads a remote sysroot (--root) through it.
+    source = module_sources(treeio, collector_script)
     # Docstrings and comments stay: they cost a few hundred bytes after zlib.
     return base64.b64encode(zlib.compress(source, 9))
 
@@ -246,78 +266,137 @@ def _split_line(data: bytes, start: int, label: str) -> tuple[bytes, int]:
     return data[start:end], end + 1
 
 
-def parse_output(data: bytes, label: str = "remote") -> Collection:
+#: The most records the sh collector's answer may hold (a 128-CPU host's has about 4,500).
+MAX_RECORDS = 100_000
+#: The most characters of one file's hex dump (od writes 3 per byte, and a newline per 16).
+_MAX_HEX = FILE_CAP * 3 + FILE_CAP // 16 + 64
+
+
+def parse_output(data: bytes, label: str = "remote", *, cap: int = 64 << 20,
+                 deadline: float | None = None) -> Collection:
     """Turn what the remote command printed into a tar sysroot and its provenance."""
     # A login shell's rc files may print a greeting first: skip whole lines up to ours.
     start = 0 if data.startswith(_MAGIC) else data.find(b"\n" + _MAGIC, 0, 1 << 16) + 1
     if start == 0 and not data.startswith(_MAGIC):
-        snippet = data[:80].decode("utf-8", "replace").strip()
+        snippet = printable(data[:80].decode("utf-8", "replace").strip())
         raise CollectError(f"{label}: the collector did not start (output: {snippet!r})")
     head, offset = _split_line(data, start, label)
     sudo = head[len(_MAGIC):].decode("ascii", "replace").partition("=")[2] or "off"
+    if sudo not in ("off", "root", "used", "denied"):
+        raise CollectError(f"{label}: the collector's answer has a malformed header line")
     line, offset = _split_line(data, offset, label)
     method, _, uid_text = line.decode("ascii", "replace").partition(" uid=")
     try:
-        uid: int | None = int(uid_text)
+        uid: int | None = int(uid_text) if uid_text.isdigit() and len(uid_text) < 12 else None
     except ValueError:
         uid = None
-    payload = data[offset:]
     if method == "python":
-        tar = payload
+        tar = data[offset:]
     elif method == "sh":
-        tar = frames_to_tar(payload, label)
+        tar = frames_to_tar(data, label, start=offset, cap=cap, deadline=deadline)
     else:
-        raise CollectError(f"{label}: unknown collector {method!r}")
+        raise CollectError(f"{label}: unknown collector {printable(method[:40])!r}")
     return Collection(tar=tar, method=method, uid=uid, sudo=sudo)
 
 
-def _tar_info(path: str, kind: bytes) -> tarfile.TarInfo:
-    info = tarfile.TarInfo(path.lstrip("/"))
-    info.mode = 0o755 if kind in (b"D", b"L") else 0o644
-    return info
+_TYPES = {b"D": tarfile.DIRTYPE, b"L": tarfile.SYMTYPE, b"C": tarfile.CHRTYPE,
+          b"B": tarfile.BLKTYPE, b"F": tarfile.REGTYPE}
 
 
-def frames_to_tar(payload: bytes, label: str = "remote") -> bytes:
-    """Convert the sh collector's framed records into an uncompressed tar."""
-    fields = payload.split(b"\0")
-    if fields and fields[-1] == b"":
-        fields.pop()
+def _header(path: bytes, kind: bytes, size: int = 0, linkname: bytes = b"",
+            major: int = 0, minor: int = 0) -> bytes:
+    """Return the tar header of one record: ustar written directly (tarfile's writer costs
+    ~150 us a member), pax through tarfile where a name does not fit ustar."""
+    name = path.lstrip(b"/")
+    mode = 0o755 if kind in (b"D", b"L") else 0o644
+    if len(name) > 99 or len(linkname) > 99 or major > 0o7777777 or minor > 0o7777777:
+        info = tarfile.TarInfo(os.fsdecode(name))
+        info.type, info.mode, info.size = _TYPES[kind], mode, size
+        info.linkname = os.fsdecode(linkname)
+        info.devmajor, info.devminor = major, minor
+        return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+    header = bytearray(512)
+    header[0:len(name)] = name
+    header[100:108] = b"%07o\0" % mode
+    header[108:124] = b"0000000\x000000000\0"
+    header[124:136] = b"%011o\0" % size
+    header[136:148] = b"00000000000\0"
+    header[148:156] = b" " * 8
+    header[156:157] = _TYPES[kind]
+    header[157:157 + len(linkname)] = linkname
+    header[257:265] = b"ustar\x0000"
+    header[329:345] = b"%07o\0%07o\0" % (major, minor)
+    header[148:156] = b"%06o\0 " % sum(header)
+    return bytes(header)
+
+
+_ARITY = {b"D": 0, b"L": 1, b"C": 1, b"B": 1, b"F": 2}
+
+
+def frames_to_tar(payload: bytes, label: str = "remote", *, start: int = 0,
+                  cap: int = 64 << 20, deadline: float | None = None) -> bytes:
+    """Convert the sh collector's framed records (``payload[start:]``) into an uncompressed tar.
+
+    The answer is read in place, one field at a time (never split into a list of copies):
+    at most MAX_RECORDS records, a file's dump at most FILE_CAP bytes, the tar at most
+    ``cap`` bytes, all before ``deadline``.
+    """
+    raw = payload
+    end = len(raw)
     buffer = io.BytesIO()
     seen: set[str] = set()
-    index = 0
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
-        while index < len(fields):
-            record = fields[index]
-            kind, raw_path = record[:1], record[1:]
-            path = os.fsdecode(raw_path)
-            arity = {b"D": 0, b"L": 1, b"C": 1, b"B": 1, b"F": 2}.get(kind)
-            if arity is None or index + arity >= len(fields):
-                raise CollectError(f"{label}: malformed or truncated record from the sh collector")
-            values = fields[index + 1 : index + 1 + arity]
-            index += 1 + arity
-            if not path.startswith("/") or path in seen:
+    pos = start
+    records = 0
+
+    def field(at: int, limit: int) -> tuple[bytes, int]:
+        stop = raw.find(b"\0", at, min(end, at + limit + 1))
+        if stop < 0:
+            raise CollectError(f"{label}: malformed or truncated record from the sh collector")
+        return raw[at:stop], stop + 1
+
+    while pos < end:
+        records += 1
+        if records > MAX_RECORDS:
+            raise CollectError(f"{label}: more than {MAX_RECORDS} records from the sh "
+                               "collector")
+        if not records & 0x3FF and deadline is not None and time.monotonic() > deadline:
+            raise CollectError(f"{label}: timed out reading the collection")
+        record, pos = field(pos, 8192)
+        kind, raw_path = record[:1], record[1:]
+        arity = _ARITY.get(kind)
+        if arity is None:
+            raise CollectError(f"{label}: malformed or truncated record from the sh collector")
+        values: list[bytes] = []
+        for index in range(arity):
+            value, pos = field(pos, _MAX_HEX if kind == b"F" and index == 0 else 8192)
+            values.append(value)
+        path = os.fsdecode(raw_path)
+        if not path.startswith("/") or path in seen:
+            continue
+        content = b""
+        if kind == b"D":
+            header = _header(raw_path, kind)
+        elif kind == b"L":
+            header = _header(raw_path, kind, linkname=values[0][:8192])
+        elif kind in (b"C", b"B"):
+            numbers = values[0].split()
+            if len(numbers) != 2 or not all(n.isdigit() and len(n) < 10 for n in numbers):
                 continue
-            info = _tar_info(path, kind)
-            data: bytes | None = None
-            if kind == b"D":
-                info.type = tarfile.DIRTYPE
-            elif kind == b"L":
-                info.type = tarfile.SYMTYPE
-                info.linkname = os.fsdecode(values[0])
-            elif kind in (b"C", b"B"):
-                numbers = values[0].split()
-                if len(numbers) != 2 or not all(n.isdigit() for n in numbers):
-                    continue
-                info.type = tarfile.CHRTYPE if kind == b"C" else tarfile.BLKTYPE
-                info.devmajor, info.devminor = int(numbers[0]), int(numbers[1])
-            else:
-                if values[1].strip() != b"0":
-                    continue  # the read failed: skipped, as the python collector does
-                try:
-                    data = bytes.fromhex(values[0].decode("ascii"))
-                except ValueError as exc:
-                    raise CollectError(f"{label}: bad file data for {path!r}") from exc
-                info.size = len(data)
-            seen.add(path)
-            archive.addfile(info, io.BytesIO(data) if data is not None else None)
+            header = _header(raw_path, kind, major=int(numbers[0]), minor=int(numbers[1]))
+        else:
+            if values[1].strip() != b"0":
+                continue  # the read failed: skipped, as the python collector does
+            try:
+                content = bytes.fromhex(values[0].decode("ascii"))
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise CollectError(f"{label}: bad file data for {printable(path)!r}") from exc
+            header = _header(raw_path, kind, size=len(content))
+        seen.add(path)
+        buffer.write(header)
+        if content:
+            buffer.write(content)
+            buffer.write(b"\0" * (-len(content) % 512))
+        if buffer.tell() > cap:
+            raise CollectError(f"{label}: the collection exceeded {cap >> 20} MiB")
+    buffer.write(b"\0" * 1024)  # the end of the archive
     return buffer.getvalue()

@@ -19,6 +19,7 @@ the same way as the live host):
   never a secret: process environments, memory, keys.
 """
 
+import collections
 import fnmatch
 import io
 import os
@@ -28,9 +29,15 @@ import sys
 import tarfile
 from typing import BinaryIO, Dict, List, Optional, Set, Tuple  # noqa: F401 - type comments
 
+try:
+    Tree  # sent to a remote host, this module follows treeio's source  # noqa: B018
+except NameError:
+    from auditor.hosts.treeio import Tree
+
 #: The most bytes kept of one file.
 FILE_CAP = 1 << 20
 _MAX_LINKS = 40
+_MAX_PARTS = 4096
 
 #: Paths never collected, whatever a pattern asks for (matched on the path as
 #: named and on the path it resolves to).
@@ -72,12 +79,88 @@ def _join(base: str, name: str) -> str:
     return base.rstrip("/") + "/" + name
 
 
-def expand(pattern: str, root: str = "") -> List[str]:
+class HostFiles:
+    """This machine's own files, from its ``/``."""
+
+    def lstat(self, path: str) -> os.stat_result:
+        return os.lstat(path)
+
+    def readlink(self, path: str) -> str:
+        return os.readlink(path)
+
+    def listdir(self, path: str) -> List[str]:
+        return os.listdir(path)
+
+    def isdir(self, path: str) -> bool:
+        return os.path.isdir(path)
+
+    def lexists(self, path: str) -> bool:
+        return os.path.lexists(path)
+
+    def read(self, path: str, cap: int) -> Optional[bytes]:
+        # Read until EOF or the cap: sysfs sizes are not real sizes, and a /proc
+        # seq file may answer one read() with part of its text.
+        chunks = []  # type: List[bytes]
+        size = 0
+        try:
+            with open(path, "rb", buffering=0) as handle:
+                while size < cap:
+                    chunk = handle.read(cap - size)
+                    if not chunk:
+                        break
+                    chunks.append(chunk)
+                    size += len(chunk)
+        except OSError:
+            return None  # unreadable (EACCES, EIO on a write-only attribute): skip it
+        return b"".join(chunks)
+
+
+class TreeFiles:
+    """A sysroot directory's files, every path opened inside it (see ``treeio.Tree``):
+    the tree may belong to someone else and change while it is read."""
+
+    def __init__(self, root: str) -> None:
+        self.tree = Tree(root)
+
+    def lstat(self, path: str) -> os.stat_result:
+        st = self.tree.lstat(path)
+        if st is None:
+            raise OSError(2, "no such file", path)
+        return st
+
+    def readlink(self, path: str) -> str:
+        return os.fsdecode(self.tree.readlink(path))
+
+    def listdir(self, path: str) -> List[str]:
+        return [os.fsdecode(n) for n in self.tree.listdir(path, follow=True)]
+
+    def isdir(self, path: str) -> bool:
+        st = self.tree.stat(path)
+        return st is not None and stat.S_ISDIR(st.st_mode)
+
+    def lexists(self, path: str) -> bool:
+        return self.tree.lstat(path) is not None
+
+    def read(self, path: str, cap: int) -> Optional[bytes]:
+        try:
+            return self.tree.read(path, cap)
+        except OSError:
+            return None  # unreadable, or no longer a regular file: skip it
+
+
+def files_of(root: str) -> "HostFiles | TreeFiles":
+    """Return how to reach the files: this machine's own, or a sysroot directory's."""
+    return TreeFiles(root) if root else HostFiles()
+
+
+def expand(pattern: str, root: str = "", files: "Optional[HostFiles | TreeFiles]" = None
+           ) -> List[str]:
     """Return the paths matching an absolute shell pattern, as the Host seam's glob does.
 
     With ``root`` (a sysroot directory), the pattern is matched below it and the
     paths returned are the sysroot's own (``/etc/...``, not ``ROOT/etc/...``).
     """
+    fs = files if files is not None else files_of(root)
     parts = [p for p in pattern.split("/") if p and p != "."]
     found = ["/"]
     for index, part in enumerate(parts):
@@ -86,7 +169,7 @@ def expand(pattern: str, root: str = "") -> List[str]:
         for base in found:
             if _has_magic(part):
                 try:
-                    names = os.listdir(root + base)
+                    names = fs.listdir(base)
                 except OSError:
                     continue
                 matches = [n for n in names if fnmatch.fnmatchcase(n, part)]
@@ -95,10 +178,10 @@ def expand(pattern: str, root: str = "") -> List[str]:
                 following.extend(_join(base, n) for n in sorted(matches))
             else:
                 candidate = _join(base, part)
-                if last or os.path.isdir(root + candidate):
+                if last or fs.isdir(candidate):
                     following.append(candidate)
         found = following
-    return [p for p in found if os.path.lexists(root + p)]
+    return [p for p in found if fs.lexists(p)]
 
 
 class Collector:
@@ -111,6 +194,7 @@ class Collector:
     def __init__(self, out: BinaryIO, cap: int = FILE_CAP, root: str = "") -> None:
         self.cap = cap
         self.root = root
+        self.files = files_of(root)
         self.tar = tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT)
         self.seen = set()  # type: Set[str]
         # Directories and links met on the way to a path, with their lstat (and link
@@ -144,7 +228,7 @@ class Collector:
             info.devmajor = os.major(st.st_rdev)
             info.devminor = os.minor(st.st_rdev)
         elif stat.S_ISREG(mode):
-            data = self._read(self.root + path)
+            data = self.files.read(path, self.cap)
             if data is None:
                 return
             info.size = len(data)
@@ -153,30 +237,13 @@ class Collector:
         self.seen.add(path)
         self.tar.addfile(info, io.BytesIO(data) if data is not None else None)
 
-    def _read(self, path: str) -> Optional[bytes]:
-        # Read until EOF or the cap: sysfs sizes are not real sizes, and a /proc
-        # seq file may answer one read() with part of its text.
-        chunks = []  # type: List[bytes]
-        size = 0
-        try:
-            with open(path, "rb", buffering=0) as handle:
-                while size < self.cap:
-                    chunk = handle.read(self.cap - size)
-                    if not chunk:
-                        break
-                    chunks.append(chunk)
-                    size += len(chunk)
-        except OSError:
-            return None  # unreadable (EACCES, EIO on a write-only attribute): skip it
-        return b"".join(chunks)
-
     def add_path(self, path: str) -> None:
         """Record ``path``: every symlink and directory on the way, then what it names."""
-        pending = [p for p in path.split("/") if p]
+        pending = collections.deque(p for p in path.split("/") if p)
         resolved = ""
         hops = 0
         while pending:
-            part = pending.pop(0)
+            part = pending.popleft()
             if part == ".":
                 continue
             if part == "..":
@@ -188,10 +255,10 @@ class Collector:
             walked = self.walked.get(candidate)
             if walked is None:
                 try:
-                    st = os.lstat(self.root + candidate)
+                    st = self.files.lstat(candidate)
                     target = None  # type: Optional[str]
                     if stat.S_ISLNK(st.st_mode):
-                        target = os.readlink(self.root + candidate)
+                        target = self.files.readlink(candidate)
                 except OSError:
                     return
                 if target is not None or stat.S_ISDIR(st.st_mode):
@@ -205,7 +272,10 @@ class Collector:
                     return
                 if target.startswith("/"):
                     resolved = ""
-                pending = [p for p in target.split("/") if p] + pending
+                parts = [p for p in target.split("/") if p]
+                if len(parts) + len(pending) > _MAX_PARTS:
+                    return  # longer than any path the kernel resolves (PATH_MAX)
+                pending.extendleft(reversed(parts))
                 continue
             if pending and not stat.S_ISDIR(st.st_mode):
                 return
@@ -214,7 +284,7 @@ class Collector:
 
     def add_pattern(self, pattern: str) -> None:
         """Record every path matching a pattern."""
-        for path in expand(pattern, self.root):
+        for path in expand(pattern, files=self.files):
             if not denied(path):
                 self.add_path(path)
 

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob as globlib
 import os
+import signal
 import socket
 import stat
 import subprocess
 import tempfile
+from collections.abc import Callable
 
-from auditor.hosts.base import Entry, Host, HostKind, ScriptResult
+from auditor.hosts.base import Entry, Host, HostKind, ScriptResult, clean_host_name
+from auditor.hosts.treeio import Tree
 
 
-def _entry_from_stat(st: os.stat_result, path: str) -> Entry:
+def _entry_from_stat(st: os.stat_result, target: Callable[[], str]) -> Entry:
     mode = st.st_mode
     if stat.S_ISLNK(mode):
-        return Entry("link", target=os.readlink(path))
+        return Entry("link", target=target())
     if stat.S_ISDIR(mode):
         return Entry("dir")
     if stat.S_ISREG(mode):
@@ -27,62 +31,89 @@ def _entry_from_stat(st: os.stat_result, path: str) -> Entry:
     return Entry("other")
 
 
-def _read_file(real: str, limit: int) -> bytes:
+def _read_file(real: str | bytes, limit: int) -> bytes:
     # sysfs files report a size of 4096 whatever they hold: read, never trust st_size.
     with open(real, "rb", buffering=0) as handle:
         return handle.read(limit)
 
 
-def run_bash(script: str) -> ScriptResult:
-    """Run a script with this machine's bash; return its status and its output (stderr too)."""
+#: How long ``--apply`` may run a fix script on this machine before it is stopped.
+APPLY_LIMIT_S = 600.0
+
+
+def run_bash(script: str, *, timeout: float = APPLY_LIMIT_S) -> ScriptResult:
+    """Run a script with this machine's bash; return its status and its output (stderr too).
+
+    The script is stopped (its whole process group) after ``timeout`` seconds.
+    """
     with tempfile.NamedTemporaryFile("w", suffix=".sh", prefix="host-auditor-fix-",
                                      delete=False, encoding="utf-8") as handle:
         handle.write(script)
         path = handle.name
     try:
-        proc = subprocess.run(["bash", path], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, errors="replace", check=False)
+        proc = subprocess.Popen(["bash", path], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+        try:
+            output, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            output, _ = proc.communicate()
+            text = output.decode("utf-8", "replace")
+            return ScriptResult(124, text + f"host-auditor: error: the fix script was stopped "
+                                f"after {timeout:g} s\n")
     finally:
         os.unlink(path)
-    return ScriptResult(proc.returncode, proc.stdout)
+    return ScriptResult(proc.returncode, output.decode("utf-8", "replace"))
 
 
 class DirectoryHost(Host):
-    """A sysroot unpacked in a directory: the host's files at their paths below ``root``."""
+    """A sysroot unpacked in a directory: the host's files at their paths below ``root``.
+
+    The tree may belong to someone else and change while it is read: every path is
+    opened inside it through :class:`auditor.hosts.treeio.Tree` (never outside, symlinks
+    followed as in a chroot, only regular files read).
+    """
 
     kind: HostKind = "sysroot"
 
     def __init__(self, root: str, name: str | None = None) -> None:
         self.root: str = os.path.abspath(root)
         self.target = f"sysroot:{self.root}"
+        self.tree = Tree(self.root)
         self._cache: dict[str, Entry | None] = {}
-        self.name = name or self.read_optional("/etc/hostname") or os.path.basename(self.root)
-
-    def _real(self, path: str) -> str:
-        return self.root + path if path != "/" else self.root
+        self.name = name or clean_host_name(self.read_optional("/etc/hostname")) \
+            or os.path.basename(self.root)
 
     def lstat(self, path: str) -> Entry | None:
         try:
             return self._cache[path]
         except KeyError:
             pass
-        real = self._real(path)
+        raw = self.names.raw(path)
         try:
-            entry: Entry | None = _entry_from_stat(os.lstat(real), real)
+            st = self.tree.lstat(raw)
+            entry: Entry | None = None if st is None else _entry_from_stat(
+                st, lambda: self.names.text(self.tree.readlink(raw)))
         except OSError:
             entry = None
         self._cache[path] = entry
         return entry
 
     def _read_resolved(self, path: str, limit: int) -> bytes:
-        return _read_file(self._real(path), limit)
+        return self.tree.read(self.names.raw(path), limit)
 
     def _listdir_resolved(self, path: str) -> list[str]:
-        return os.listdir(self._real(path))
+        return [self.names.text(n) for n in self.tree.listdir(self.names.raw(path))]
 
     def run_script(self, script: str, *, sudo: bool = False) -> ScriptResult:
         """Run a fix script made for this sysroot with this machine's bash."""
         return run_bash(script)
+
+    def close(self) -> None:
+        """Close the tree's root descriptor."""
+        self.tree.close()
 
 
 class LocalHost(Host):
@@ -95,28 +126,29 @@ class LocalHost(Host):
         self.name = socket.gethostname()
 
     def lstat(self, path: str) -> Entry | None:
+        raw = self.names.raw(path)
         try:
-            return _entry_from_stat(os.lstat(path), path)
+            return _entry_from_stat(os.lstat(raw), lambda: self.names.text(os.readlink(raw)))
         except OSError:
             return None
 
     def resolve(self, path: str) -> str:
-        return os.path.realpath(path)
+        return self.names.text(os.path.realpath(self.names.raw(path)))
 
     def _read_resolved(self, path: str, limit: int) -> bytes:
-        return _read_file(path, limit)
+        return _read_file(self.names.raw(path), limit)
 
     def _listdir_resolved(self, path: str) -> list[str]:
-        return os.listdir(path)
+        return [self.names.text(n) for n in os.listdir(self.names.raw(path))]
 
     def read_bytes(self, path: str, limit: int = 1 << 20) -> bytes:
-        return _read_file(path, limit)
+        return _read_file(self.names.raw(path), limit)
 
     def listdir(self, path: str) -> list[str]:
-        return sorted(os.listdir(path))
+        return sorted(self._listdir_resolved(path))
 
     def glob(self, pattern: str) -> list[str]:
-        return sorted(globlib.glob(pattern))
+        return sorted(self.names.text(p) for p in globlib.glob(self.names.raw(pattern)))
 
     def run_script(self, script: str, *, sudo: bool = False) -> ScriptResult:
         """Run a fix script with this machine's bash (as the user running ``audit``)."""

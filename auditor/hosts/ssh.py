@@ -28,13 +28,16 @@ from typing import TYPE_CHECKING, Any
 from auditor.errors import (
     AuditorError,
     AuthenticationFailed,
+    CollectError,
     HostKeyRejected,
     HostUnreachable,
     UsageError,
 )
 from auditor.hosts.archive import ArchiveHost
-from auditor.hosts.base import Entry, Host, HostKind, ScriptResult
+from auditor.hosts.base import Entry, Host, HostKind, ScriptResult, clean_host_name, printable
 from auditor.hosts.collect import Collection, parse_output, remote_command
+from auditor.hosts.collector_script import denied
+from auditor.hosts.known_hosts import KnownHosts, to_pkey
 
 if TYPE_CHECKING:
     import fabric
@@ -42,8 +45,21 @@ if TYPE_CHECKING:
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 SYSTEM_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
-#: The most bytes one host's collection may send back.
-MAX_OUTPUT = 256 << 20
+#: The most bytes one host's collection may send back, and may expand to (a real
+#: collection is 20 KB to a few MB).
+MAX_OUTPUT = 64 << 20
+#: The memory the collections of one run may hold at once, over every host in flight
+#: (raw answers, what they expand to, and their index); a host waits for room, within
+#: its deadline. Spread over worker processes, each has its share.
+FLEET_MEMORY = 1 << 30
+#: Index memory counted per archive member (dict entries, the Entry, the name).
+MEMBER_COST = 512
+#: The most bytes of a command's stderr kept (its last line names what went wrong).
+MAX_STDERR = 64 << 10
+#: How long ``--apply`` may take on a remote host: upload, run and output of the fix.
+APPLY_LIMIT_S = 600.0
+#: The most bytes of a fix script's output kept (its end, where the summary is).
+MAX_SCRIPT_OUTPUT = 1 << 20
 
 _TARGET = re.compile(
     r"^(?:(?P<user>[^@\s/]+)@)?(?:\[(?P<v6>[0-9A-Fa-f:.%a-z]+)\]|(?P<host>[^:@\s/\[\]]+))"
@@ -121,6 +137,37 @@ def _known_hosts_files(options: SshOptions, ssh_config: dict[str, Any]) -> list[
     return list(seen)
 
 
+class MemoryBudget:
+    """Bytes the hosts of one run may hold at once; a host waits for room until its deadline."""
+
+    def __init__(self, total: int = FLEET_MEMORY) -> None:
+        self.total = max(1, total)
+        self.used = 0
+        self._cond = threading.Condition()
+
+    def acquire(self, size: int, deadline: float, label: str) -> None:
+        """Take ``size`` bytes, waiting (until ``deadline``) while other hosts hold too much."""
+        if size > self.total:
+            raise HostUnreachable(f"{label}: the collection needs more than the run's memory "
+                                  f"budget ({self.total >> 20} MiB)")
+        with self._cond:
+            while self.used + size > self.total:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise HostUnreachable(f"{label}: timed out waiting for memory held by other "
+                                          "hosts' collections")
+                self._cond.wait(min(left, 1.0))
+            self.used += size
+
+    def release(self, size: int) -> None:
+        """Give back bytes taken with :meth:`acquire`."""
+        if size <= 0:
+            return
+        with self._cond:
+            self.used = max(0, self.used - size)
+            self._cond.notify_all()
+
+
 class SshContext:
     """What the connections of one run share: the fabric config and the known_hosts keys.
 
@@ -135,7 +182,9 @@ class SshContext:
         self.options = options
         self._lock = threading.Lock()
         self._config: fabric.Config | None = None
-        self._host_keys: dict[tuple[str, ...], paramiko.HostKeys] = {}
+        self._host_keys: dict[tuple[str, ...], KnownHosts] = {}
+        #: Memory the collections of this run may hold at once.
+        self.budget = MemoryBudget()
 
     def config(self) -> fabric.Config:
         """Return a fabric config of one connection's own.
@@ -169,48 +218,62 @@ class SshContext:
                 "connect_kwargs": copy.deepcopy(dict(base.connect_kwargs)),
             })
 
-    def _keys(self, files: tuple[str, ...]) -> paramiko.HostKeys:
-        import paramiko
-
+    def _keys(self, files: tuple[str, ...]) -> KnownHosts:
         keys = self._host_keys.get(files)
         if keys is None:
-            keys = paramiko.HostKeys()
+            keys = KnownHosts()
             for path in files:
-                if os.path.isfile(path):
-                    try:
-                        keys.load(path)
-                    except (OSError, paramiko.SSHException, ValueError):
-                        continue  # a malformed line elsewhere must not stop the audit
+                keys.load(path)  # line by line: one odd line never costs the file
             self._host_keys[files] = keys
         return keys
 
     def known_keys(self, files: Sequence[str], name: str) -> list[tuple[str, paramiko.PKey]]:
-        """Return the (key type, key) pairs the known_hosts ``files`` hold for ``name``."""
+        """Return the (key type, key) pairs the known_hosts ``files`` trust for ``name``.
+
+        A key listed ``@revoked`` is never among them.
+        """
         with self._lock:
             found = self._keys(tuple(files)).lookup(name)
-            if found is None:
-                return []
-            # keys() is in file order; a type's first key wins, as in paramiko.
-            return [(keytype, found[keytype]) for keytype in dict.fromkeys(found.keys())]
+        pairs: dict[str, paramiko.PKey] = {}
+        for known in found:
+            key = to_pkey(known)
+            # keys are in file order; a type's first key wins, as in OpenSSH.
+            if key is not None and key.get_name() not in pairs:
+                pairs[key.get_name()] = key
+        return list(pairs.items())
+
+    def revoked(self, files: Sequence[str], key: paramiko.PKey) -> bool:
+        """Return whether the known_hosts ``files`` list ``key`` as ``@revoked``."""
+        with self._lock:
+            return self._keys(tuple(files)).is_revoked(key)
 
     def remember(self, files: Sequence[str], name: str, key: paramiko.PKey) -> None:
         """Trust ``key`` for ``name`` in this run too (it was recorded in known_hosts)."""
         with self._lock:
-            self._keys(tuple(files)).add(name, key.get_name(), key)
+            self._keys(tuple(files)).add_line(f"{name} {key.get_name()} {key.get_base64()}")
 
 
 def _make_policy(record_to: str | None, context: SshContext | None = None,
-                 files: Sequence[str] = ()) -> Any:
-    """Return the paramiko policy for a key known_hosts does not hold."""
+                 files: Sequence[str] = (), alias: str | None = None) -> Any:
+    """Return the paramiko policy for a key known_hosts does not hold.
+
+    ``alias``: the ssh config's ``HostKeyAlias``, under which a new key is recorded.
+    """
     import paramiko
+
+    def refuse_revoked(hostname: str, key: paramiko.PKey) -> None:
+        if context is not None and context.revoked(files, key):
+            raise HostKeyRejected(f"host key for {alias or hostname} is REVOKED in known_hosts "
+                                  f"({key.get_name()} {key.fingerprint}): refused")
 
     class RefuseUnknown(paramiko.MissingHostKeyPolicy):
         """Refuse a key known_hosts does not hold, with the fingerprint to check."""
 
         def missing_host_key(self, client: paramiko.SSHClient, hostname: str,
                              key: paramiko.PKey) -> None:
+            refuse_revoked(hostname, key)
             raise HostKeyRejected(
-                f"host key for {hostname} is not in known_hosts ({key.get_name()} "
+                f"host key for {alias or hostname} is not in known_hosts ({key.get_name()} "
                 f"{key.fingerprint}); check it and add it, or pass --accept-new-host-keys"
             )
 
@@ -220,7 +283,9 @@ def _make_policy(record_to: str | None, context: SshContext | None = None,
         def missing_host_key(self, client: paramiko.SSHClient, hostname: str,
                              key: paramiko.PKey) -> None:
             assert record_to is not None
-            line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
+            refuse_revoked(hostname, key)
+            name = alias or hostname
+            line = f"{name} {key.get_name()} {key.get_base64()}\n"
             with _known_hosts_lock:
                 directory = os.path.dirname(record_to)
                 if directory and not os.path.isdir(directory):
@@ -229,7 +294,7 @@ def _make_policy(record_to: str | None, context: SshContext | None = None,
                     handle.write(line)
             client.get_host_keys().add(hostname, key.get_name(), key)
             if context is not None:
-                context.remember(files, hostname, key)
+                context.remember(files, name, key)
 
     return AcceptNew() if record_to else RefuseUnknown()
 
@@ -242,21 +307,24 @@ def _check_host_keys(conn: fabric.Connection, options: SshOptions,
     context = context or SshContext(options)
     hop: Any = conn
     while isinstance(hop, fabric.Connection):
-        files = _known_hosts_files(options, dict(hop.ssh_config))
+        ssh_config = dict(hop.ssh_config)
+        files = _known_hosts_files(options, ssh_config)
         # The name paramiko looks the server's key up by (OpenSSH's known_hosts form).
         port = int(hop.port)
         name = hop.host if port == 22 else f"[{hop.host}]:{port}"
+        # HostKeyAlias: keys are looked up, and recorded, under the alias instead.
+        alias = str(ssh_config.get("hostkeyalias") or "") or None
         # Only this host's keys go into the client: paramiko checks the server's
-        # key against them (a changed key is refused), and a missing one goes to
-        # the policy below.
+        # key against them (a changed key is refused), and a missing or revoked one
+        # goes to the policy below.
         known = hop.client.get_host_keys()
-        for keytype, key in context.known_keys(files, name):
+        for keytype, key in context.known_keys(files, alias or name):
             known.add(name, keytype, key)
         # Trust on first use records the key in the first known_hosts file named
         # (--known-hosts, then UserKnownHostsFile, then ~/.ssh/known_hosts).
         record = files[0] if options.accept_new_host_keys else None
         # fabric trusts any new key (AutoAddPolicy), gateways included: replace it.
-        hop.client.set_missing_host_key_policy(_make_policy(record, context, files))
+        hop.client.set_missing_host_key_policy(_make_policy(record, context, files, alias))
         hop = hop.gateway
 
 
@@ -340,26 +408,75 @@ class SshHost(Host):
         #: Seconds spent connecting (TCP, key exchange, authentication) and collecting.
         self.connect_s = 0.0
         self.collect_s = 0.0
+        #: When this audit of the host must be over (``time.monotonic()``): connecting,
+        #: collecting, reading the answer and the checks share ``--timeout``.
+        self.deadline: float | None = None
         self._conn: fabric.Connection | None = None
         self._sock: socket.socket | None = None
         self._archive: ArchiveHost | None = None
+        self._watchdog: threading.Timer | None = None
+        self._expired = False
+        #: Bytes of the run's memory budget this host holds.
+        self._reserved = 0
+
+    # -- the deadline ----------------------------------------------------------------------
+
+    def start_clock(self) -> float:
+        """Start this host's deadline (if not running) and the watchdog that enforces it."""
+        if self.deadline is None:
+            self.deadline = time.monotonic() + self.options.timeout
+            self._expired = False
+        if self._watchdog is None:
+            # Whatever paramiko waits on (a banner trickled a byte at a time, a key
+            # exchange, a channel), closing the connection at the deadline ends it.
+            watchdog = threading.Timer(max(0.0, self.deadline - time.monotonic()), self._expire)
+            watchdog.daemon = True
+            watchdog.start()
+            self._watchdog = watchdog
+        return self.deadline
+
+    def _expire(self) -> None:
+        self._expired = True
+        self._drop_connection()
+
+    def remaining(self) -> float:
+        """Return the seconds left before the deadline (raise when it has passed)."""
+        deadline = self.start_clock()
+        left = deadline - time.monotonic()
+        if left <= 0 or self._expired:
+            raise self._timed_out()
+        return left
+
+    def _timed_out(self) -> HostUnreachable:
+        return HostUnreachable(f"{self.spec.display}: timed out after {self.options.timeout:g} s "
+                               "(connecting, collecting and checking share --timeout)")
+
+    def stop_clock(self) -> None:
+        """Stop the watchdog; the next audit of this host gets a deadline of its own."""
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None:
+            watchdog.cancel()
+        self.deadline = None
 
     # -- connecting ----------------------------------------------------------------------
 
-    def _connection(self) -> fabric.Connection:
+    def _connection(self, left: float) -> fabric.Connection:
         import fabric
 
         config = self.context.config()
+        # paramiko's own timers run a little past the deadline: the watchdog ends the
+        # connection at the deadline, so that a timeout always says so.
+        left += 1.0
         connect_kwargs: dict[str, Any] = {
             "transport_factory": _transport,
-            "banner_timeout": self.options.timeout,
-            "auth_timeout": self.options.timeout,
-            "channel_timeout": self.options.timeout,
+            "banner_timeout": left,
+            "auth_timeout": left,
+            "channel_timeout": left,
             **self.options.extra_connect_kwargs,
         }
         if self.options.identity:
             connect_kwargs["key_filename"] = [os.path.expanduser(self.options.identity)]
-        timeout = max(1, round(self.options.timeout))
+        timeout = max(1, round(left))
         return fabric.Connection(self.spec.host, user=self.user, port=self.port, config=config,
                                  connect_timeout=timeout, connect_kwargs=connect_kwargs)
 
@@ -368,8 +485,9 @@ class SshHost(Host):
         import paramiko
 
         started = time.perf_counter()
+        left = self.remaining()
         try:
-            conn = self._connection()
+            conn = self._connection(left)
         except (ValueError, OSError, paramiko.SSHException) as exc:
             raise UsageError(f"{self.spec.display}: bad ssh configuration ({exc})") from exc
         self._conn = conn
@@ -382,7 +500,7 @@ class SshHost(Host):
                 # A socket of our own, so TCP_NODELAY is on from the first packet:
                 # with Nagle and delayed ACKs every request would wait ~40 ms.
                 sock = socket.create_connection((conn.host, int(conn.port)),
-                                                timeout=self.options.timeout)
+                                                timeout=self.remaining())
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 self._sock = sock
                 conn.connect_kwargs["sock"] = QuickAckSocket(sock)
@@ -393,6 +511,9 @@ class SshHost(Host):
         except Exception as exc:
             self.close()
             elapsed = time.perf_counter() - started
+            if self._expired or (self.deadline is not None
+                                 and time.monotonic() >= self.deadline - 0.05):
+                raise self._timed_out() from exc
             if isinstance(exc, paramiko.SSHException) and elapsed >= self.options.timeout * 0.9:
                 # A server that accepts and then says nothing surfaces as "No existing
                 # session" or a banner error once paramiko's timers run out.
@@ -410,7 +531,7 @@ class SshHost(Host):
         self.connect_s = time.perf_counter() - started
 
     def collect(self, patterns: list[str], *, keep_open: bool = False) -> None:
-        """Run the one collecting command and load its answer.
+        """Run the one collecting command and load its answer, within the host's deadline.
 
         The connection is then closed, unless ``keep_open`` (a fix runs on it next).
         """
@@ -419,73 +540,156 @@ class SshHost(Host):
         if self._conn is None:
             raise HostUnreachable(f"{self.spec.display}: not connected")
         started = time.perf_counter()
+        label = self.spec.display
         command = remote_command(patterns, sudo=self.options.sudo, compress=self.options.compress,
                                  root=self.root)
+        self.release_memory()  # a second collection (the re-audit of a fix) replaces the first
         try:
             transport = self._conn.client.get_transport()
             if transport is None or not transport.is_active():
                 raise EOFError("the connection closed")
-            channel = transport.open_session(timeout=self.options.timeout)
-            channel.settimeout(self.options.timeout)
+            channel = transport.open_session(timeout=self.remaining())
             channel.exec_command(command)
-            output, status = _read_all(channel, self.options.timeout)
-            stderr = b""
-            while channel.recv_stderr_ready():
-                stderr += channel.recv_stderr(65536)
+            output, status, stderr = self._read_all(channel)
         except AuditorError:
             self.close()
             raise
         except (paramiko.SSHException, OSError, EOFError) as exc:
             self.close()
-            raise _map_error(exc, self.spec.display, self.options.timeout, "collect") from exc
+            if self._expired:
+                raise self._timed_out() from exc
+            raise _map_error(exc, label, self.options.timeout, "collect") from exc
         if not keep_open:
             self.close()
         if status != 0:
             detail = stderr.decode("utf-8", "replace").strip().splitlines()
             raise HostUnreachable(
-                f"{self.spec.display}: the collecting command exited {status}"
-                + (f": {detail[-1][:200]}" if detail else "")
+                f"{label}: the collecting command exited {status}"
+                + (f": {printable(detail[-1][:200])}" if detail else "")
             )
-        collection = parse_output(output, self.spec.display)
+        deadline = self.start_clock()
+        collection = parse_output(output, label, cap=MAX_OUTPUT, deadline=deadline)
+        del output
+        # gzip only when it was asked for: an answer compressed unasked is refused.
+        # What the collector never collects is not read from an answer that holds it.
+        archive = ArchiveHost(collection.tar, label, name=None,
+                              allowed={"gzip"} if self.options.compress else {"none"},
+                              cap=MAX_OUTPUT, deadline=deadline, error=CollectError,
+                              skip=denied)
+        if collection.method == "sh" or self.options.compress:
+            self._hold(archive.size, deadline)  # what the answer expanded to
+        self._hold(archive.entry_count * MEMBER_COST, deadline)
         self.collection = collection
         self.privilege_note = collection.privilege_note
-        self._archive = ArchiveHost(collection.tar, self.spec.display, name=None)
+        self._archive = archive
         self.forget()  # a second collection (the audit after a fix) starts afresh
-        hostname = (self._archive.read_optional("/etc/hostname")
-                    or self._archive.read_optional("/proc/sys/kernel/hostname"))
-        self.name = _clean_name(hostname) or self.spec.display
+        hostname = (archive.read_optional("/etc/hostname")
+                    or archive.read_optional("/proc/sys/kernel/hostname"))
+        self.name = clean_host_name(hostname) or self.spec.display
         self.collect_s = time.perf_counter() - started
+        if time.monotonic() > deadline:
+            raise self._timed_out()
 
-    def run_script(self, script: str, *, sudo: bool = False) -> ScriptResult:
+    def _hold(self, size: int, deadline: float) -> None:
+        self.context.budget.acquire(size, deadline, self.spec.display)
+        self._reserved += size
+
+    def release_memory(self) -> None:
+        """Give this host's share of the run's memory budget back (its collection is done with)."""
+        reserved, self._reserved = self._reserved, 0
+        self.context.budget.release(reserved)
+
+    def _read_all(self, channel: paramiko.Channel) -> tuple[bytes, int, bytes]:
+        """Read a command's stdout (at most MAX_OUTPUT bytes, counted against the run's memory
+        budget), the end of its stderr and its exit status, all before the deadline."""
+        label = self.spec.display
+        deadline = self.start_clock()
+        chunks: list[bytes] = []
+        size = 0
+        stderr = bytearray()
+        while True:
+            # Short waits: the deadline is checked, and stderr drained, between them.
+            channel.settimeout(max(0.05, min(self.remaining(), 1.0)))
+            try:
+                chunk: bytes | None = channel.recv(1 << 20)
+            except TimeoutError:
+                chunk = None
+            while channel.recv_stderr_ready():
+                stderr += channel.recv_stderr(65536)
+                del stderr[:-MAX_STDERR]
+            if chunk is None:
+                continue
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > MAX_OUTPUT:
+                raise HostUnreachable(f"{label}: the collection exceeded {MAX_OUTPUT >> 20} MiB")
+            self._hold(len(chunk), deadline)
+            chunks.append(chunk)
+        if not channel.status_event.wait(self.remaining()):
+            raise self._timed_out()
+        # A channel closed by a dying transport has its status event set with no status.
+        if channel.exit_status == -1:
+            raise EOFError("the connection dropped during the audit")
+        while channel.recv_stderr_ready():
+            stderr += channel.recv_stderr(65536)
+            del stderr[:-MAX_STDERR]
+        return b"".join(chunks), channel.exit_status, bytes(stderr)
+
+    def run_script(self, script: str, *, sudo: bool = False,
+                   timeout: float = APPLY_LIMIT_S) -> ScriptResult:
         """Run a bash script on the connected host (script on stdin); return code and output.
 
-        The script travels as data on stdin: nothing of it is put on a command line.
+        The script travels as data on stdin: nothing of it is put on a command line. It has
+        ``timeout`` seconds (``--apply``'s own limit) to be sent, run and answer; then the
+        channel is closed and the result is exit status 124.
         """
         import paramiko
 
         if self._conn is None:
             raise HostUnreachable(f"{self.spec.display}: not connected")
+        self.stop_clock()  # the fix has its own limit; the re-audit gets a new deadline
+        deadline = time.monotonic() + timeout
         command = "sudo -n bash -s" if sudo and self.user != "root" else "bash -s"
+        kept = bytearray()
+        channel: paramiko.Channel | None = None
         try:
             transport = self._conn.client.get_transport()
             if transport is None or not transport.is_active():
                 raise EOFError("the connection closed")
-            channel = transport.open_session(timeout=self.options.timeout)
+            channel = transport.open_session(timeout=min(timeout, self.options.timeout))
             channel.set_combine_stderr(True)
+            channel.settimeout(timeout)
             channel.exec_command(command)
             channel.sendall(script.encode())
             channel.shutdown_write()
-            chunks: list[bytes] = []
             while True:
-                data = channel.recv(65536)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError
+                channel.settimeout(min(left, 1.0))
+                try:
+                    data = channel.recv(65536)
+                except TimeoutError:
+                    continue
                 if not data:
                     break
-                chunks.append(data)
+                kept += data
+                del kept[:-MAX_SCRIPT_OUTPUT]
+            if not channel.status_event.wait(max(0.0, deadline - time.monotonic())):
+                raise TimeoutError
             status = channel.recv_exit_status()
+        except TimeoutError:
+            if channel is not None:
+                with contextlib.suppress(Exception):
+                    channel.close()
+            return ScriptResult(124, kept.decode("utf-8", "replace")
+                                + f"host-auditor: error: stopped waiting for the fix after "
+                                  f"{timeout:g} s\n")
         except (paramiko.SSHException, OSError, EOFError) as exc:
             self.close()
             raise _map_error(exc, self.spec.display, self.options.timeout, "run") from exc
-        return ScriptResult(status, b"".join(chunks).decode("utf-8", "replace"))
+        return ScriptResult(status, kept.decode("utf-8", "replace"))
 
     @classmethod
     def open(cls, target: SshTarget, options: SshOptions, patterns: list[str],
@@ -498,6 +702,12 @@ class SshHost(Host):
 
     def close(self) -> None:
         """Close the SSH connection, even one still being set up (reads keep working)."""
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None:
+            watchdog.cancel()
+        self._drop_connection()
+
+    def _drop_connection(self) -> None:
         conn, self._conn = self._conn, None
         sock, self._sock = self._sock, None
         if sock is not None:
@@ -542,37 +752,6 @@ class SshHost(Host):
             if name:
                 names.add(name)
         return frozenset(names) if names else None
-
-
-def _clean_name(text: str | None) -> str:
-    # A hostname from the host is untrusted: keep one printable token.
-    if not text:
-        return ""
-    first = text.split()[0] if text.split() else ""
-    return "".join(c for c in first if c.isprintable())[:253]
-
-
-def _read_all(channel: paramiko.Channel, timeout: float) -> tuple[bytes, int]:
-    """Read a command's whole stdout and its exit status; a dropped connection is EOFError."""
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        try:
-            chunk = channel.recv(1 << 20)
-        except TimeoutError as exc:
-            raise TimeoutError(f"no answer within {timeout:g} s") from exc
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size += len(chunk)
-        if size > MAX_OUTPUT:
-            raise HostUnreachable(f"the collection exceeded {MAX_OUTPUT >> 20} MiB")
-    if not channel.status_event.wait(timeout):
-        raise TimeoutError(f"no exit status within {timeout:g} s")
-    # A channel closed by a dying transport has its status event set with no status.
-    if channel.exit_status == -1:
-        raise EOFError("the connection dropped during the audit")
-    return b"".join(chunks), channel.exit_status
 
 
 def _map_error(exc: BaseException, label: str, timeout: float, stage: str) -> AuditorError:

@@ -40,7 +40,7 @@ class Member(NamedTuple):
     devminor: int
 
 
-def _text(field: bytes) -> str:
+def _text(field: bytes | bytearray) -> str:
     end = field.find(b"\0")
     if end >= 0:
         field = field[:end]
@@ -53,7 +53,7 @@ _OCTAL = re.compile(rb" *([0-7]*) *(?:\0[\x00-\xff]*)?")
 _CHECKED = ((100, 108), (108, 116), (116, 124), (136, 148))
 
 
-def _octal(header: bytes, start: int, end: int) -> int:
+def _octal(header: bytes | bytearray, start: int, end: int) -> int:
     """Return the octal number in ``header[start:end]``; ValueError when tarfile would differ."""
     match = _OCTAL.fullmatch(header, start, end)
     if match is None:
@@ -62,7 +62,7 @@ def _octal(header: bytes, start: int, end: int) -> int:
     return int(digits, 8) if digits else 0
 
 
-def _byte_sum(data: bytes, start: int, end: int) -> int:
+def _byte_sum(data: bytes | bytearray, start: int, end: int) -> int:
     """Return the sum of ``data[start:end]``'s bytes (the tar checksum), at C speed."""
     # Adler-32's low half is 1 + the byte sum modulo 65521: exact for runs of at
     # most 256 bytes (256 * 255 < 65521), where sum() over a header costs 3 us.
@@ -72,7 +72,7 @@ def _byte_sum(data: bytes, start: int, end: int) -> int:
     return total
 
 
-def _pax(data: bytes) -> dict[str, str] | None:
+def _pax(data: bytes | bytearray) -> dict[str, str] | None:
     """Parse pax records ("<len> <key>=<value>\\n"); None for anything unusual."""
     values: dict[str, str] = {}
     pos = 0
@@ -102,8 +102,15 @@ def _pax(data: bytes) -> dict[str, str] | None:
     return values
 
 
-def fast_index(data: bytes) -> list[Member] | None:
-    """Return the members of an uncompressed tar, or None where tarfile must read it."""
+class TooManyMembers(ValueError):
+    """The archive holds more members than the caller accepts."""
+
+
+def fast_index(data: bytes | bytearray, max_members: int | None = None) -> list[Member] | None:
+    """Return the members of an uncompressed tar, or None where tarfile must read it.
+
+    Raise :class:`TooManyMembers` past ``max_members`` members.
+    """
     members: list[Member] = []
     offset = 0
     total = len(data)
@@ -154,11 +161,15 @@ def fast_index(data: bytes) -> list[Member] | None:
                     return None
             major = _octal(header, 329, 337)
             minor = _octal(header, 337, 345)
+            if max_members is not None and len(members) >= max_members:
+                raise TooManyMembers(max_members)
             members.append(Member(name, kind, linkname, data_at, size, major, minor))
             offset = data_at
             if kind in _REGULAR:
                 if data_at + padded > total:
                     return None  # truncated data: tarfile says so
                 offset += padded
+    except TooManyMembers:
+        raise
     except (ValueError, UnicodeDecodeError):
         return None

@@ -49,10 +49,12 @@ ALLOW_KEYS = ("lxc.cgroup2.devices.allow", "lxc.cgroup.devices.allow")
 DENY_KEYS = ("lxc.cgroup2.devices.deny", "lxc.cgroup.devices.deny")
 MOUNT_KEY = "lxc.mount.entry"
 
-_LINE = re.compile(r"\s*([A-Za-z0-9_.\-]+)\s*([:=])\s*(.*?)\s*")
+_KEY_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
+#: The longest config line parsed; a longer one is junk (real ones are well under 4 KiB).
+MAX_LINE = 1 << 16
+_ASCII_SPACE = " \t\n\r\f\v"
 _SECTION = re.compile(r"\[[^\[\]\n]+\]\s*")
 _DEV_KEY = re.compile(r"dev[0-9]+")
-_RULE = re.compile(r"([abc])\s+(\*|[0-9]+):(\*|[0-9]+)(?:\s+(\S*))?\s*", re.ASCII)
 _ACCESS = frozenset("rwm")
 _OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
 
@@ -138,13 +140,31 @@ def _star(number: int | None) -> str:
     return "*" if number is None else str(number)
 
 
+def _fields(text: str) -> tuple[str, str, str, int] | None:
+    """Split ``KEY [:=] VALUE`` (blanks around each trimmed) in one pass: (key, separator,
+    value, where the value starts), or None. Linear: no regex backtracking on a long line."""
+    if len(text) > MAX_LINE:
+        return None
+    rest = text.lstrip()
+    end = 0
+    while end < len(rest) and rest[end] in _KEY_CHARS:
+        end += 1
+    if end == 0:
+        return None
+    after_key = rest[end:].lstrip()
+    if not after_key or after_key[0] not in ":=" or "\n" in after_key:
+        return None
+    tail = after_key[1:]
+    value = tail.strip()
+    return rest[:end], after_key[0], value, len(text) - len(tail.lstrip())
+
+
 def _parse(text: str, flavour: Flavour) -> tuple[str, str, int] | None:
     """Return (key, value, where the value starts) of one config line, or None."""
-    match = _LINE.fullmatch(text)
-    if match is None or text.lstrip().startswith("#"):
+    fields = _fields(text)
+    if fields is None or text.lstrip().startswith("#"):
         return None
-    key, separator, value = match.groups()
-    start = match.start(3)
+    key, separator, value, start = fields
     if flavour == "lxc":
         if separator != "=":
             return None
@@ -196,11 +216,10 @@ def parse_device_rule(value: str) -> DeviceRule | None:
     if value == "a" or value.startswith("a "):
         # The kernel's v1 controller reads any rule starting with "a" as "all".
         return DeviceRule("a", None, None, _ACCESS, switch=value == "a")
-    match = _RULE.fullmatch(value)
-    if match is None:
+    parsed = _rule_fields(value)
+    if parsed is None:
         return None
-    kind, major, minor, access = match.groups()
-    access = access or ""
+    kind, major, minor, access = parsed
     if not set(access) <= _ACCESS:
         return None
     try:
@@ -212,6 +231,27 @@ def parse_device_rule(value: str) -> DeviceRule | None:
         )
     except ValueError:  # digits the int() of this Python refuses (too long)
         return None
+
+
+def _number_or_star(text: str) -> bool:
+    return text == "*" or (text != "" and all(c in "0123456789" for c in text))
+
+
+def _rule_fields(value: str) -> tuple[str, str, str, str] | None:
+    """Split ``TYPE MAJOR:MINOR [ACCESS]`` into its fields in one pass, or None."""
+    if len(value) < 2 or value[0] not in "abc" or value[1] not in _ASCII_SPACE:
+        return None
+    rest = value[1:].lstrip(_ASCII_SPACE)
+    end = 0
+    while end < len(rest) and rest[end] not in _ASCII_SPACE:
+        end += 1
+    major, colon, minor = rest[:end].partition(":")
+    if not colon or not _number_or_star(major) or not _number_or_star(minor):
+        return None
+    access = rest[end:].strip(_ASCII_SPACE)
+    if any(c in _ASCII_SPACE for c in access):
+        return None
+    return value[0], major, minor, access
 
 
 def parse_mount_entry(value: str) -> MountEntry | None:

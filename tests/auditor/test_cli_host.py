@@ -514,9 +514,23 @@ def test_apply_asks_on_a_terminal_then_fixes_and_audits_again(
     for check in FIXED_BY_SCRIPT:
         assert re.search(rf"^\s+{re.escape(check)}\s+fail -> pass$", text, re.M), text
     assert re.search(r"^\s+kernel\.version\s+fail -> fail", text, re.M)
-    assert f"undo on {ssh_env.server.target} with: sudo bash {image}/var/lib/host-auditor/" \
-        in text
+    # The rollback is kept on the host, outside the sysroot (the fix ran as root there).
+    [kept] = re.findall(rf"undo on {re.escape(ssh_env.server.target)} with: sudo bash "
+                        r"(/var/lib/host-auditor/sysroots/\S+/rollback\.sh)$", text, re.M)
+    assert not (image / "var/lib/host-auditor").exists()
     assert tree_hash(image) != before
+    undone = subprocess.run(["bash", kept], capture_output=True, text=True, check=False,
+                            env=without_state_dir())
+    assert undone.returncode == 0, undone.stdout + undone.stderr
+    assert tree_hash(image) == before and not Path(kept).exists()
+
+
+def without_state_dir() -> dict[str, str]:
+    """Return this environment without the tests' state directory for sysroot fixes: a fix
+    run under sudo on the host keeps its state where root keeps it."""
+    from auditor.hosts.sysroot_fix import STATE_ENV
+
+    return {k: v for k, v in os.environ.items() if k != STATE_ENV}
 
 
 @ssh
@@ -539,7 +553,8 @@ def test_apply_with_yes_then_again_then_the_rollback(
     code, _out, err = run_audit(capsys, *apply_args(ssh_env, image), "--yes")
     assert code == 1 and "nothing to apply" in err
     assert tree_hash(image) == fixed
-    undone = subprocess.run(["bash", str(undo)], capture_output=True, text=True, check=False)
+    undone = subprocess.run(["bash", str(undo)], capture_output=True, text=True, check=False,
+                            env=without_state_dir())
     assert undone.returncode == 0, undone.stdout + undone.stderr
     assert tree_hash(image) == before
 

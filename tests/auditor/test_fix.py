@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 from pathlib import Path
 
@@ -177,7 +178,7 @@ def test_cli_dry_run_writes_both_scripts_and_changes_nothing(
 
 @needs_root
 def test_cli_apply_fixes_and_shows_before_and_after(
-    h200: Sysroot, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    h200: Sysroot, tmp_path: Path, capsys: pytest.CaptureFixture[str], sysroot_fix_state: Path
 ) -> None:
     plant_numa(h200)
     out = tmp_path / "after.json"
@@ -188,11 +189,14 @@ def test_cli_apply_fixes_and_shows_before_and_after(
     assert "before -> after" in err and "fail -> pass" in err
     assert json.loads(out.read_text())["summary"]["fail"] == 0
     assert h200.read("/proc/sys/kernel/numa_balancing") == "0\n"
-    [state] = (h200.root / "var/lib/host-auditor").iterdir()
-    assert (state / "rollback.sh").is_file()
-    assert run(state / "rollback.sh", h200.root).returncode == 0
+    # The state and the rollback are kept on this machine's side, never in the sysroot.
+    assert not (h200.root / "var/lib/host-auditor").exists()
+    [kept] = re.findall(r"undo with: bash (\S+)", err)
+    assert Path(kept).is_file() and Path(kept).parent.parent.parent == sysroot_fix_state
+    assert not Path(kept).resolve().is_relative_to(h200.root.resolve())
+    assert run(Path(kept)).returncode == 0
     assert h200.read("/proc/sys/kernel/numa_balancing") == "1\n"
-    assert not (h200.root / "var").exists()
+    assert not Path(kept).exists() and not (h200.root / "var/lib/host-auditor").exists()
 
 
 def test_cli_apply_without_a_terminal_needs_yes(
@@ -250,6 +254,62 @@ def test_live_script_on_this_machine_fixes_and_rolls_back_a_file(tmp_path: Path)
         assert (tmp_path / "undone").exists()
         assert not state.exists()
         assert Path("/var/lib/host-auditor").exists() == existed
+    finally:
+        if state.exists():
+            run(rollback)
+
+
+@needs_root
+def test_the_scripts_read_as_what_they_do(h200: Sysroot, tmp_path: Path) -> None:
+    """Human lines say what changes in plain words; escaping only where a value holds a
+    control character; the machine-id only as a salted hash."""
+    plant_numa(h200)
+    plant_mrrs(h200)
+    h200.write("/etc/machine-id", "0123456789abcdef0123456789abcdef\n")
+    plan = plan_for(h200)
+    fix, rollback = write_scripts(plan, tmp_path)
+    script = fix.read_text()
+    assert "0123456789abcdef0123456789abcdef" not in script + rollback.read_text()
+    assert "#     /etc/sysctl.d/60-numa.conf:1: kernel.numa_balancing = 1 -> " \
+        "kernel.numa_balancing = 0" in script
+    assert "#     0000:00:06.0 MaxReadReq -> 4096 bytes" in script
+    copy = copy_tree(h200.root, tmp_path / "copy")
+    done = run(fix, copy)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "host-auditor: /etc/sysctl.d/60-numa.conf:1: kernel.numa_balancing = 1 -> " \
+        "kernel.numa_balancing = 0" in lines
+    assert "host-auditor: 0000:00:06.0 MaxReadReq 512 -> 4096 bytes" in lines
+    assert "host-auditor: /proc/sys/kernel/numa_balancing: 1 -> 0" in lines
+    assert run(rollback, copy).returncode == 0
+
+
+@pytest.mark.root
+@needs_root
+def test_the_live_rollback_is_a_here_document_no_value_can_end(tmp_path: Path) -> None:
+    """A value holding newlines, the delimiter's prefix and $(...) stays data: the fix keeps
+    the rollback byte for byte, and both run on this machine."""
+    hostname = Path("/proc/sys/kernel/hostname").read_text().strip()
+    target = tmp_path / "conf.d" / "x\x1b[2J\n.conf"
+    content = f"a\nHOST_AUDITOR_ROLLBACK\nHOST_AUDITOR_ROLLBACK_0\n{EVIL}\n\x1b[2J\n"
+    step = WriteFile(str(target), content)
+    fix_id = f"heredoc-{os.getpid()}"
+    plan = FixPlan(host=hostname, target="local", hostname=hostname, machine_id="", root="",
+                   fix_id=fix_id, created="",
+                   sections=(Section(Remedy("t.t", "s", "write a file", persistent=(step,)),
+                                     (Action("s001", "persistent", step),)),))
+    fix, rollback = write_scripts(plan, tmp_path)
+    assert "write_rollback() {\n    cat <<'HOST_AUDITOR_ROLLBACK_" in fix.read_text()
+    state = Path("/var/lib/host-auditor") / fix_id
+    try:
+        result = run(fix, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert target.read_text() == content
+        assert (state / "rollback.sh").read_text() == rollback.read_text()
+        assert "$'" in result.stdout  # the odd name is shown escaped, not sent raw
+        assert "\x1b" not in result.stdout
+        assert run(state / "rollback.sh", cwd=tmp_path).returncode == 0
+        assert not target.exists() and not list(tmp_path.rglob("pwned-marker"))
     finally:
         if state.exists():
             run(rollback)

@@ -286,7 +286,8 @@ def test_prometheus_escapes_untrusted_label_values(
     main(["local", "--root", str(h200.root), "--format", "prometheus"])
     text = capsys.readouterr().out
     families = parse(text)
-    assert families["host_auditor_up"] == [({"host": nasty}, 1.0)]
+    # A host name is one printable token of /etc/hostname: quote and backslash stay, escaped.
+    assert families["host_auditor_up"] == [({"host": 'gpu"07\\x'}, 1.0)]
     assert not any(line.startswith("up{") for line in text.splitlines())
     assert escape_label('a\\b"c\nd\udcff') == 'a\\\\b\\"c\\nd\ufffd'
 

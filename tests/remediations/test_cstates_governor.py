@@ -62,7 +62,7 @@ def test_governors_set_to_performance_and_default_governor_on_cmdline(
 @needs_root
 def test_intel_pstate_gets_epp_and_a_systemd_unit(h200: Sysroot, tmp_path: Path) -> None:
     findings = plant_cpufreq(h200, driver="intel_pstate", epp=True)
-    _, fix, rollback, copy, before = fix_cycle(h200, tmp_path, report_of(findings))
+    plan, fix, rollback, copy, before = fix_cycle(h200, tmp_path, report_of(findings))
     policy = copy / CPUFREQ.lstrip("/") / "policy3"
     assert (policy / "energy_performance_preference").read_text() == "performance\n"
     assert (policy / "scaling_governor").read_text() == "performance\n"
@@ -71,10 +71,9 @@ def test_intel_pstate_gets_epp_and_a_systemd_unit(h200: Sysroot, tmp_path: Path)
     link = copy / "etc/systemd/system/multi-user.target.wants" / unit.name
     assert link.is_symlink() and str(link.readlink()) == "/" + str(unit.relative_to(copy))
     # EPP is written before the governor, so the rollback restores the governor first.
-    text = fix.read_text()
-    text = text[text.index("\nstate_init()"):]  # the steps, after the embedded rollback
-    assert text.index("policy0/energy_performance_preference") < text.index(
-        "policy0/scaling_governor")
+    paths = [getattr(a.step, "path", "") for a in plan.actions]
+    assert paths.index(f"{CPUFREQ}/policy0/energy_performance_preference") < paths.index(
+        f"{CPUFREQ}/policy0/scaling_governor")
     assert_idempotent_and_reversible(fix, rollback, copy, before)
 
 
@@ -86,7 +85,7 @@ def test_live_plan_refreshes_grub_only_after_a_change(h200: Sysroot, tmp_path: P
     boot = next(a for a in plan.actions if a.step.kind == "replace_line")
     assert f"run_after 0 {boot.id} update-grub" in fix.read_text()
     assert f"undo_after 0 {boot.id} update-grub" in rollback.read_text()
-    assert "sysfs.path" in render_fix(plan).script  # the helper is there, used only with ROOT
+    assert "ROOT" not in render_fix(plan).script  # a booted machine's script: no sysroot
 
 
 def test_haltpoll_has_no_boot_parameter_so_a_unit_disables_the_state(virtio: Sysroot) -> None:
@@ -124,3 +123,33 @@ def test_boost_and_max_freq_cap_lifted_with_the_real_check(h200: Sysroot, tmp_pa
     assert (copy / CPUFREQ.lstrip("/") / "policy2/scaling_max_freq").read_text() == "3800000\n"
     assert statuses(audit_root(copy), "cpu.governor") == {Status.PASS}
     assert_idempotent_and_reversible(fix, rollback, copy, before)
+
+
+@needs_root
+def test_the_fix_sets_the_governor_the_policy_names(h200: Sysroot, tmp_path: Path) -> None:
+    """A policy's governor is what the check judges by and what the fix writes (here and on
+    the boot command line), through --policy on the command line."""
+    from auditor.cli import main
+    from tests.support.fixkit import copy_tree, run, tree_hash
+
+    plant_cpufreq(h200)
+    plant_grub(h200)
+    policy = tmp_path / "site.toml"
+    policy.write_text('[checks."cpu.governor"]\ngovernor = "schedutil"\n')
+    fix = tmp_path / "fix.sh"
+    code = main(["local", "--root", str(h200.root), "--policy", str(policy), "--check",
+                 "cpu.governor", "--fix-script", str(fix)])
+    assert code == 1
+    copy = copy_tree(h200.root, tmp_path / "copy")
+    before = tree_hash(copy)
+    assert run(fix, copy).returncode == 0
+    governors = {(copy / f"{CPUFREQ.lstrip('/')}/policy{n}/scaling_governor").read_text()
+                 for n in range(16)}
+    assert governors == {"schedutil\n"}
+    assert "cpufreq.default_governor=schedutil" in grub_line(copy)
+    assert "performance" not in grub_line(copy)
+    after = main(["local", "--root", str(copy), "--policy", str(policy), "--check",
+                  "cpu.governor"])
+    assert after == 0
+    assert run(tmp_path / "fix.rollback.sh", copy).returncode == 0
+    assert tree_hash(copy) == before

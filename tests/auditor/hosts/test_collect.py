@@ -198,17 +198,19 @@ def test_collection_below_a_root_reads_like_the_directory(h200: Sysroot, tmp_pat
         assert archive.read_bytes(path) == tree.read_bytes(path)
 
 
-def test_sh_fallback_below_a_root_gives_the_same_tar(h200: Sysroot, tmp_path: Path) -> None:
-    """Both collectors take a root, even one whose name holds a newline and $(...)."""
+def test_a_root_is_read_by_python_and_refused_by_sh(h200: Sysroot, tmp_path: Path) -> None:
+    """The python3 collector takes a root, even one whose name holds a newline and $(...);
+    the sh collector refuses one (sh cannot open a path inside a tree it does not own)."""
     odd = tmp_path / "img $(touch PWNED)\n'x"
     os.rename(h200.root, odd)
     command = remote_command(PATTERNS, root=str(odd))
     python = parse_output(run_remote_command(command))
-    shell = parse_output(run_remote_command(command, no_python_path(tmp_path)))
-    assert (python.method, shell.method) == ("python", "sh")
-    py_members = members(python.tar)
-    assert "proc/sys/kernel/osrelease" in py_members
-    assert members(shell.tar) == py_members
+    assert python.method == "python"
+    assert "proc/sys/kernel/osrelease" in members(python.tar)
+    result = subprocess.run(["sh", "-c", command], capture_output=True, check=False,
+                            env={"PATH": no_python_path(tmp_path)})
+    assert result.returncode == 2
+    assert result.stderr.endswith(b": reading a sysroot needs python3 on the host\n")
     assert not (tmp_path / "PWNED").exists() and not Path("PWNED").exists()
 
 
@@ -249,16 +251,25 @@ def test_file_cap_limits_each_file(tmp_path: Path) -> None:
 
 
 def test_collector_script_runs_on_python_3_6() -> None:
-    """The script sent to targets parses as Python 3.6 and needs no __future__ import."""
-    source = Path(collector_script.__file__).read_text()
+    """The program sent to targets parses as Python 3.6 and needs no __future__ import;
+    it imports only the standard library (treeio's names are defined before the collector)."""
+    from auditor.hosts import treeio
+    from auditor.hosts.collect import module_sources
+
+    source = module_sources(treeio, collector_script).decode()
     tree = ast.parse(source, feature_version=(3, 6))
     assert not [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
                 and n.module == "__future__"]
+    guarded = {id(n) for t in ast.walk(tree) if isinstance(t, ast.Try)
+               for h in t.handlers for n in ast.walk(h)}
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
                 for a in n.names}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree)
-                 if isinstance(n, ast.ImportFrom) and n.module}
+                 if isinstance(n, ast.ImportFrom) and n.module and id(n) not in guarded}
     assert imported <= set(sys.stdlib_module_names)
+    namespace: dict[str, object] = {"__name__": "collector"}
+    exec(compile(source, "collector", "exec"), namespace)
+    assert namespace["Tree"].__module__ == "collector"  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("garbage", [

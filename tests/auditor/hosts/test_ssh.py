@@ -78,7 +78,7 @@ def test_reads_match_the_live_host(ssh_env: SshEnv) -> None:
         assert host.glob(pattern) == local.glob(pattern), pattern
         for path in local.glob(pattern):
             entry = local.stat(path)
-            if entry is not None and entry.kind == "file":
+            if entry is not None and entry.kind == "file":  # device nodes are never read
                 assert host.read_bytes(path) == local.read_bytes(path), path
             elif entry is not None and entry.kind in ("chr", "blk"):
                 assert host.device_numbers(path) == local.device_numbers(path), path
@@ -126,8 +126,10 @@ def test_host_without_python_uses_sh_and_reads_the_same(ssh_env: SshEnv) -> None
         assert shell.glob(pattern) == python.glob(pattern), pattern
         for path in python.glob(pattern):
             entry = python.stat(path)
-            if entry is not None and entry.kind == "file":
+            if entry is not None and entry.kind == "file":  # device nodes are never read
                 assert shell.read_bytes(path) == python.read_bytes(path), path
+            elif entry is not None and entry.kind in ("chr", "blk"):
+                assert shell.device_numbers(path) == python.device_numbers(path), path
     checks = load_checks()
     from auditor.policy import load_policy
 
@@ -161,6 +163,42 @@ def test_changed_host_key_is_refused_even_with_accept_new(ssh_env: SshEnv,
         with pytest.raises(HostKeyRejected, match="CHANGED"):
             open_host(ssh_env, known_hosts=(str(wrong),), accept_new_host_keys=accept)
     assert wrong.read_text().count("\n") == 1
+
+
+def test_known_hosts_with_markers_and_host_key_alias(ssh_env: SshEnv, tmp_path: Path) -> None:
+    """A @cert-authority or @revoked line costs nothing else; HostKeyAlias names the key:
+    a key pinned under the alias is checked against it (a different one is CHANGED even
+    with --accept-new-host-keys), and a new one is recorded under the alias."""
+    other = keygen(tmp_path / "other_key").with_suffix(".pub").read_text().split()
+    mine = ssh_env.server.known_hosts_line.split()
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host pinned-gpu\n    HostName 127.0.0.1\n    Port {ssh_env.server.port}\n"
+                      "    HostKeyAlias gpu-alias\n")
+    known = tmp_path / "known_hosts"
+    known.write_text(f"@cert-authority * {other[0]} {other[1]}\n"
+                     f"@revoked revoked.example {other[0]} {other[1]}\n"
+                     f"gpu-alias {mine[1]} {mine[2]}\n")
+    host = SshHost(parse_target("pinned-gpu"), ssh_env.options(
+        SUDO, known_hosts=(str(known),), ssh_config=str(config)))
+    host.connect()
+    host.close()
+    wrong = tmp_path / "wrong"
+    wrong.write_text(f"gpu-alias {other[0]} {other[1]}\n"
+                     f"[127.0.0.1]:{ssh_env.server.port} {mine[1]} {mine[2]}\n")
+    with pytest.raises(HostKeyRejected, match="CHANGED"):
+        SshHost(parse_target("pinned-gpu"), ssh_env.options(
+            SUDO, known_hosts=(str(wrong),), ssh_config=str(config),
+            accept_new_host_keys=True)).connect()
+    record = tmp_path / "record"
+    host = SshHost(parse_target("pinned-gpu"), ssh_env.options(
+        SUDO, known_hosts=(str(record),), ssh_config=str(config), accept_new_host_keys=True))
+    host.connect()
+    host.close()
+    assert record.read_text() == f"gpu-alias {mine[1]} {mine[2]}\n"
+    revoked = tmp_path / "revoked"
+    revoked.write_text(f"@revoked * {mine[1]} {mine[2]}\n{ssh_env.server.known_hosts_line}")
+    with pytest.raises(HostKeyRejected, match="REVOKED"):
+        open_host(ssh_env, known_hosts=(str(revoked),), accept_new_host_keys=True)
 
 
 def test_shared_context_reads_known_hosts_once_and_keeps_refusing(ssh_env: SshEnv,

@@ -1,0 +1,874 @@
+# ruff: noqa: UP031, UP035
+"""Apply a fix plan to a sysroot directory, and roll it back: never outside the sysroot.
+
+A sysroot (a container's rootfs, an image being prepared) may belong to someone
+else and change while it is fixed. bash can only open a file by its name, so a
+symlink swapped in between a check and a write sends the write wherever the
+link points. The fix and rollback scripts of a sysroot therefore hand their plan
+to this program (run by the host's own ``python3``, nothing installed there),
+which:
+
+- opens every path through :class:`treeio.Tree`: relative to a descriptor of the
+  sysroot's root, symlinks followed only inside it, the last component never
+  followed; reads and writes regular files only (a FIFO or device node where a
+  file is expected fails the step, it is never opened), and never writes a file
+  with other hard links;
+- keeps its state (old values, backups, the directories it made, a copy of the
+  rollback) on the side of whoever runs it, never in the sysroot: below
+  ``/var/lib/host-auditor/sysroots/`` as root, else
+  ``$XDG_STATE_HOME/host-auditor/sysroots/`` (``~/.local/state``), or
+  ``$HOST_AUDITOR_STATE_DIR``; one directory per sysroot, named by a hash of its
+  real path, and in it one per fix, made with ``mkdir`` (exclusive) and mode 0700.
+  A state directory is used only when it is a directory owned by the user running
+  the fix and writable by nobody else;
+- checks the host name and (a salted hash of) the machine-id the audit saw before
+  it changes anything.
+
+It keeps to what Python 3.6 accepts and imports only the standard library: it is
+sent to remote hosts (``audit host --root DIR --apply``) after :mod:`treeio`.
+
+Exit status: 0 done (or nothing to do), 1 a step failed (the rest went on; the
+state is kept for the rollback), 2 refused before any change (another host, a
+bad root, a state directory that is not safe).
+"""
+
+import fcntl
+import hashlib
+import json
+import os
+import re
+import stat
+import sys
+from typing import Any, Dict, List, Optional, Tuple  # noqa: F401 - type comments
+
+try:
+    Tree  # sent to a remote host, this program follows treeio's source  # noqa: B018
+except NameError:
+    from auditor.hosts.treeio import Tree, read_fd, write_fd
+
+PLAN_FORMAT = 1
+STATE_ENV = "HOST_AUDITOR_STATE_DIR"
+#: The most bytes of one file a step reads or edits (config files and kernel values).
+MAX_FILE = 16 << 20
+#: The most bytes of the guard files read (/etc/hostname, /etc/machine-id).
+MAX_GUARD = 64 << 10
+_PCI_ADDRESS = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]\Z")
+_REGISTER = re.compile(r"(?:CAP_([A-Z]+)\+)?([0-9a-fA-F]{1,3})\.([bwl])\Z")
+_HEX = re.compile(r"[0-9a-fA-F]{1,8}\Z")
+#: PCI capability ids setpci knows by name (pciutils lib/header.h), those a fix may use.
+_CAPABILITIES = {"PM": 0x01, "MSI": 0x05, "EXP": 0x10, "MSIX": 0x11}
+_WIDTHS = {"b": 1, "w": 2, "l": 4}
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+class Refused(Exception):
+    """The fix must not run here at all (exit 2, nothing changed)."""
+
+
+class StepFailed(Exception):
+    """One step could not be done; the others go on (exit 1)."""
+
+
+def say(message):
+    # type: (str) -> None
+    sys.stdout.write("host-auditor: %s\n" % message)
+    sys.stdout.flush()
+
+
+def warn(message):
+    # type: (str) -> None
+    sys.stderr.write("host-auditor: warning: %s\n" % message)
+    sys.stderr.flush()
+
+
+def show(value):
+    # type: (object) -> str
+    """Return a value as a log line shows it: as it is, or bash-quoted ($'...') where it
+    holds a control character (a newline, an escape sequence)."""
+    text = value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else str(value)
+    if not _CONTROL.search(text):
+        return text
+    out = []
+    for char in text:
+        if char in "\\'":
+            out.append("\\" + char)
+        elif _CONTROL.match(char):
+            out.append("\\x%02x" % ord(char) if ord(char) < 0x100 else "\\u%04x" % ord(char))
+        else:
+            out.append(char)
+    return "$'" + "".join(out) + "'"
+
+
+def first_line(text):
+    # type: (str) -> str
+    """Return the first line of a text with its blanks trimmed ("" if none)."""
+    lines = text.strip().splitlines()
+    return lines[0].strip() if lines else ""
+
+
+def machine_id_digest(salt, machine_id):
+    # type: (str, str) -> str
+    """Return the salted hash of a machine-id that a fix's guard compares."""
+    return hashlib.sha256(("%s:%s" % (salt, machine_id)).encode("utf-8")).hexdigest()
+
+
+def state_base():
+    # type: () -> str
+    """Return where this user keeps the state of sysroot fixes."""
+    configured = os.environ.get(STATE_ENV)
+    if configured:
+        return os.path.abspath(configured)
+    if os.geteuid() == 0:
+        return "/var/lib/host-auditor/sysroots"
+    home = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"),
+                                                              ".local", "state")
+    return os.path.join(os.path.abspath(home), "host-auditor", "sysroots")
+
+
+def state_key(real_root):
+    # type: (str) -> str
+    """Return the name of a sysroot's state directory: a hash of its real path."""
+    return hashlib.sha256(os.fsencode(real_root)).hexdigest()[:32]
+
+
+def state_dir(real_root, fix_id):
+    # type: (str, str) -> str
+    """Return where a fix of the sysroot at ``real_root`` keeps its state here."""
+    return os.path.join(state_base(), state_key(real_root), fix_id)
+
+
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) \
+    | getattr(os, "O_CLOEXEC", 0)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def _own_dir(path, parent_fd=None, create=False):
+    # type: (str, Optional[int], bool) -> int
+    """Open a directory of the state (making it, mode 0700, when asked); refuse one that
+    is a symlink, owned by someone else or writable by others."""
+    if create:
+        try:
+            os.mkdir(path, 0o700, dir_fd=parent_fd)
+        except FileExistsError:
+            pass
+    try:
+        fd = os.open(path, _DIR_FLAGS, dir_fd=parent_fd)
+    except OSError as exc:
+        raise Refused("state directory %s: %s" % (show(path), exc.strerror)) from None
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        os.close(fd)
+        raise Refused("state directory %s is not this user's alone (owner uid %d, mode %o): "
+                      "refused" % (show(path), st.st_uid, stat.S_IMODE(st.st_mode)))
+    return fd
+
+
+class State:
+    """The state of one fix of one sysroot, on the side of whoever runs it."""
+
+    def __init__(self, real_root, fix_id):
+        # type: (str, str) -> None
+        self.real_root = real_root
+        self.fix_id = fix_id
+        self.path = state_dir(real_root, fix_id)
+        self.key_fd = -1
+        self.fd = -1
+
+    def open_key(self, create):
+        # type: (bool) -> bool
+        """Open (or make) this sysroot's directory and lock it; False if it is not there."""
+        base = state_base()
+        if create:
+            missing = []
+            probe = base
+            while not os.path.isdir(probe):
+                missing.append(probe)
+                probe = os.path.dirname(probe)
+            for path in reversed(missing):
+                try:
+                    os.mkdir(path, 0o700)
+                except FileExistsError:
+                    pass
+        elif not os.path.isdir(base):
+            return False
+        base_fd = _own_dir(base)
+        try:
+            key = state_key(self.real_root)
+            if not create:
+                try:
+                    os.stat(key, dir_fd=base_fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    return False
+            self.key_fd = _own_dir(key, base_fd, create)
+        finally:
+            os.close(base_fd)
+        # One fix or rollback of a sysroot at a time.
+        fcntl.flock(self.key_fd, fcntl.LOCK_EX)
+        return True
+
+    def exists(self):
+        # type: () -> bool
+        """Return whether this fix has state (it changed something); open it if so."""
+        if self.fd >= 0:
+            return True
+        if self.key_fd < 0 and not self.open_key(create=False):
+            return False
+        try:
+            os.stat(self.fix_id, dir_fd=self.key_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        self.fd = _own_dir(self.fix_id, self.key_fd)
+        recorded = self.read("root")
+        if recorded is None or recorded.decode("utf-8", "surrogateescape") != self.real_root:
+            raise Refused("state directory %s belongs to another sysroot" % show(self.path))
+        return True
+
+    def init(self, rollback):
+        # type: (Optional[bytes]) -> None
+        """Make the state directory before the first change (exclusively), with the root's
+        path and a copy of the rollback."""
+        if self.exists():
+            return
+        if self.key_fd < 0:
+            self.open_key(create=True)
+        os.mkdir(self.fix_id, 0o700, dir_fd=self.key_fd)
+        self.fd = _own_dir(self.fix_id, self.key_fd)
+        self.write_new("root", os.fsencode(self.real_root))
+        if rollback is not None:
+            self.write_new("rollback.sh", rollback, 0o700)
+        say("state and rollback.sh kept in %s (outside the sysroot)" % show(self.path))
+
+    def has(self, name):
+        # type: (str) -> bool
+        if self.fd < 0:
+            return False
+        try:
+            os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+            return True
+        except FileNotFoundError:
+            return False
+
+    def read(self, name):
+        # type: (str) -> Optional[bytes]
+        try:
+            fd = os.open(name, os.O_RDONLY | _NOFOLLOW | os.O_NONBLOCK, dir_fd=self.fd)
+        except FileNotFoundError:
+            return None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise Refused("state file %s/%s is not a regular file" % (show(self.path), name))
+            return read_fd(fd, MAX_FILE + 1)
+        finally:
+            os.close(fd)
+
+    def write_new(self, name, data, mode=0o600):
+        # type: (str, bytes, int) -> None
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, mode,
+                     dir_fd=self.fd)
+        try:
+            write_fd(fd, data)
+        finally:
+            os.close(fd)
+
+    def save_once(self, name, data):
+        # type: (str, bytes) -> None
+        """Keep ``data`` under ``name`` unless a first run kept it already."""
+        if not self.has(name):
+            self.write_new(name, data)
+
+    def append(self, name, data):
+        # type: (str, bytes) -> None
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_APPEND | _NOFOLLOW, 0o600,
+                     dir_fd=self.fd)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise Refused("state file %s/%s is not a regular file" % (show(self.path), name))
+            write_fd(fd, data)
+        finally:
+            os.close(fd)
+
+    def remove(self):
+        # type: () -> None
+        """Remove this fix's state directory, then the sysroot's if it is empty."""
+        if self.fd < 0:
+            return
+        for name in os.listdir(self.fd):
+            os.unlink(name, dir_fd=self.fd)
+        os.close(self.fd)
+        self.fd = -1
+        os.rmdir(self.fix_id, dir_fd=self.key_fd)
+        try:
+            base_fd = _own_dir(state_base())
+        except Refused:
+            return
+        try:
+            os.rmdir(state_key(self.real_root), dir_fd=base_fd)
+        except OSError:
+            pass  # another fix of this sysroot keeps its state there
+        finally:
+            os.close(base_fd)
+
+    def close(self):
+        # type: () -> None
+        for fd in (self.fd, self.key_fd):
+            if fd >= 0:
+                os.close(fd)
+        self.fd = self.key_fd = -1
+
+
+# -- text edits, byte for byte as the live host's bash does them ---------------------------
+
+
+def _lines(data):
+    # type: (bytes) -> List[Tuple[int, int, int]]
+    """Return (start, end of text, end with its newline) of each line of ``data``."""
+    found = []
+    start = 0
+    while start < len(data):
+        end = data.find(b"\n", start)
+        if end < 0:
+            found.append((start, len(data), len(data)))
+            break
+        found.append((start, end, end + 1))
+        start = end + 1
+    return found
+
+
+def line_at(data, number):
+    # type: (bytes, int) -> bytes
+    """Return line ``number`` (1-based) without its newline; b"" past the end."""
+    lines = _lines(data)
+    if 1 <= number <= len(lines):
+        start, end, _ = lines[number - 1]
+        return data[start:end]
+    return b""
+
+
+def _offset_after(data, count):
+    # type: (bytes, int) -> int
+    """Return where the text after the first ``count`` lines starts."""
+    lines = _lines(data)
+    if count <= 0:
+        return 0
+    if count >= len(lines):
+        return len(data)
+    return lines[count - 1][2]
+
+
+def replaced_line(data, number, new):
+    # type: (bytes, int, bytes) -> bytes
+    """Return ``data`` with line ``number`` replaced by ``new`` (and a newline)."""
+    return data[:_offset_after(data, number - 1)] + new + b"\n" + data[_offset_after(data,
+                                                                                      number):]
+
+
+def inserted_line(data, after, text):
+    # type: (bytes, int, bytes) -> bytes
+    """Return ``data`` with ``text`` (and a newline) inserted after line ``after``."""
+    head = data[:_offset_after(data, after)]
+    if after > 0 and head and not head.endswith(b"\n"):
+        head += b"\n"  # the anchor was a last line without a newline of its own
+    return head + text + b"\n" + data[_offset_after(data, after):]
+
+
+def strip_newline(data):
+    # type: (bytes) -> bytes
+    return data[:-1] if data.endswith(b"\n") else data
+
+
+# -- PCI config space ------------------------------------------------------------------------
+
+
+def capability_offset(config, cap_id):
+    # type: (bytes, int) -> Optional[int]
+    """Return where capability ``cap_id`` starts in config space (pciutils' list walk)."""
+    if len(config) < 0x40 or not (config[0x06] | config[0x07] << 8) & 0x10:
+        return None  # no capability list
+    pointer = 0x14 if config[0x0E] & 0x7F == 2 else 0x34  # CardBus bridges keep it at 0x14
+    where = config[pointer] & ~3
+    seen = set()
+    while where and where not in seen and where + 1 < len(config):
+        seen.add(where)
+        found, where_next = config[where], config[where + 1] & ~3
+        if found == 0xFF:
+            return None
+        if found == cap_id:
+            return where
+        where = where_next
+    return None
+
+
+def register_span(config, register):
+    # type: (bytes, str) -> Tuple[int, int]
+    """Return (offset, width) of a setpci register name such as ``CAP_EXP+08.w``."""
+    match = _REGISTER.match(register)
+    if match is None or (match.group(1) and match.group(1) not in _CAPABILITIES):
+        raise StepFailed("register %s is not one this fix knows" % show(register))
+    offset = int(match.group(2), 16)
+    width = _WIDTHS[match.group(3)]
+    if match.group(1):
+        base = capability_offset(config, _CAPABILITIES[match.group(1)])
+        if base is None:
+            raise StepFailed("no CAP_%s capability in config space" % match.group(1))
+        offset += base
+    if offset + width > len(config):
+        raise StepFailed("register %s lies past the config space read" % show(register))
+    return offset, width
+
+
+# -- the fix and the rollback ------------------------------------------------------------------
+
+
+class Applier:
+    """Run the steps of one plan on one sysroot."""
+
+    def __init__(self, tree, plan, state, rollback=None):
+        # type: (Tree, Dict[str, Any], State, Optional[bytes]) -> None
+        self.tree = tree
+        self.plan = plan
+        self.state = state
+        self.rollback_text = rollback
+        self.failures = 0
+
+    # helpers ---------------------------------------------------------------------------
+
+    def fail(self, message):
+        # type: (str) -> None
+        warn(message)
+        self.failures += 1
+
+    def regular(self, path, missing_ok=False):
+        # type: (str, bool) -> Optional[os.stat_result]
+        st = self.tree.lstat(path)
+        if st is None:
+            if missing_ok:
+                return None
+            raise StepFailed("%s is gone: not edited" % show(path))
+        if not stat.S_ISREG(st.st_mode):
+            raise StepFailed("%s is not a regular file: not edited" % show(path))
+        return st
+
+    def read(self, path):
+        # type: (str) -> bytes
+        data = self.tree.read(path, MAX_FILE + 1)
+        if len(data) > MAX_FILE:
+            raise StepFailed("%s is larger than %d MiB: not edited" % (show(path),
+                                                                       MAX_FILE >> 20))
+        return data
+
+    def changed(self, message):
+        # type: (str) -> None
+        say(message)
+        self.state.append("changes.log", (message + "\n").encode("utf-8", "backslashreplace"))
+
+    def backup(self, step_id, path):
+        # type: (str, str) -> None
+        """Keep a file's bytes and mode (or that it was absent) before its first change."""
+        self.state.init(self.rollback_text)
+        if self.state.has(step_id + ".orig") or self.state.has(step_id + ".absent"):
+            return
+        st = self.regular(path, missing_ok=True)
+        if st is None:
+            self.state.write_new(step_id + ".absent", b"")
+            return
+        self.state.write_new(step_id + ".mode", ("%o" % stat.S_IMODE(st.st_mode)).encode())
+        self.state.write_new(step_id + ".orig", self.read(path))
+
+    def ensure_dir(self, path):
+        # type: (str) -> None
+        """Make the missing directories of ``path``, each recorded for the rollback."""
+        parts = [p for p in path.split("/") if p]
+        current = ""
+        for part in parts:
+            current += "/" + part
+            st = self.tree.lstat(current)
+            if st is None:
+                self.tree.mkdir(current, 0o755)
+                self.state.append("created-dirs", current.encode("utf-8", "surrogateescape")
+                                  + b"\0")
+            elif not stat.S_ISDIR(st.st_mode):
+                raise StepFailed("%s is not a directory: nothing made below it" % show(current))
+
+    def write_in_place(self, path, data):
+        # type: (str, bytes) -> None
+        self.tree.write(path, data)
+
+    # the steps -------------------------------------------------------------------------
+
+    def set_value(self, a):
+        # type: (Dict[str, Any]) -> None
+        path, want = a["path"], a["value"].encode("utf-8")
+        st = self.tree.lstat(path)
+        if st is None:
+            say("skip %s: not present" % show(path))
+            return
+        self.regular(path)
+        raw = self.read(path)
+        cur = strip_newline(raw)
+        if cur == want:
+            say("ok: %s is %s" % (show(path), show(want)))
+            return
+        self.state.init(self.rollback_text)
+        self.state.save_once(a["id"] + ".old", raw)
+        self.write_in_place(path, want + b"\n")
+        now = strip_newline(self.read(path))
+        if now != want:
+            raise StepFailed("%s reads %s after writing %s" % (show(path), show(now), show(want)))
+        self.changed("%s: %s -> %s" % (show(path), show(cur), show(want)))
+
+    def _pci(self, a):
+        # type: (Dict[str, Any]) -> Optional[Tuple[str, int, int]]
+        address = a["address"]
+        if not _PCI_ADDRESS.match(address):
+            raise StepFailed("%s is not a PCI address" % show(address))
+        config = "/sys/bus/pci/devices/%s/config" % address
+        if self.tree.lstat(config) is None:
+            say("skip %s: no such device" % address)
+            return None
+        self.regular(config)
+        data = self.tree.read(config, 4096)
+        offset, width = register_span(data, a["register"])
+        return config, offset, width
+
+    def _pci_read(self, config, offset, width):
+        # type: (str, int, int) -> int
+        data = self.tree.read(config, offset + width)
+        if len(data) < offset + width:
+            raise StepFailed("cannot read %s" % show(config))
+        return int.from_bytes(data[offset:offset + width], "little")
+
+    def _pci_write(self, config, offset, width, value):
+        # type: (str, int, int, int) -> None
+        fd = self.tree.open_regular(config, os.O_WRONLY, single_link=True)
+        try:
+            os.pwrite(fd, value.to_bytes(width, "little"), offset)
+        finally:
+            os.close(fd)
+
+    def describe_pci(self, a, old, new):
+        # type: (Dict[str, Any], int, int) -> str
+        field = a.get("field")
+        if field:
+            name, shift = field[0], int(field[1])
+            return "%s %s %d -> %d bytes" % (a["address"], name, 128 << ((old >> shift) & 7),
+                                             128 << ((new >> shift) & 7))
+        return "%s %s: %04x -> %04x (bits %s)" % (a["address"], a["register"], old, new,
+                                                  a["mask"])
+
+    def set_pci_bits(self, a):
+        # type: (Dict[str, Any]) -> None
+        if not (_HEX.match(a["value"]) and _HEX.match(a["mask"])):
+            raise StepFailed("bad value or mask for %s" % show(a["register"]))
+        where = self._pci(a)
+        if where is None:
+            return
+        config, offset, width = where
+        value, mask = int(a["value"], 16), int(a["mask"], 16)
+        cur = self._pci_read(config, offset, width)
+        if cur & mask == value & mask:
+            say("ok: %s %s is %0*x" % (a["address"], a["register"], width * 2, cur))
+            return
+        self.state.init(self.rollback_text)
+        self.state.save_once(a["id"] + ".old", ("%0*x\n" % (width * 2, cur)).encode())
+        wanted = (cur & ~mask) | (value & mask)
+        self._pci_write(config, offset, width, wanted)
+        now = self._pci_read(config, offset, width)
+        if now & mask != value & mask:
+            raise StepFailed("%s %s reads %0*x after writing %s:%s" % (
+                a["address"], a["register"], width * 2, now, a["value"], a["mask"]))
+        self.changed(self.describe_pci(a, cur, now))
+
+    def write_file(self, a):
+        # type: (Dict[str, Any]) -> None
+        path, content = a["path"], a["content"].encode("utf-8")
+        st = self.tree.lstat(path)
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            raise StepFailed("%s is not a regular file: not replaced" % show(path))
+        if st is not None and self.read(path) == content:
+            say("ok: %s is in place" % show(path))
+            return
+        self.backup(a["id"], path)
+        self.ensure_dir(path.rpartition("/")[0])
+        if st is not None:
+            self.write_in_place(path, content)
+        else:
+            fd = self.tree.create(path, int(a.get("mode") or "0644", 8))
+            try:
+                write_fd(fd, content)
+            finally:
+                os.close(fd)
+        self.changed("wrote %s" % show(path))
+
+    def replace_line(self, a):
+        # type: (Dict[str, Any]) -> None
+        path, number = a["path"], int(a["line"])
+        old, new = a["old"].encode("utf-8"), a["new"].encode("utf-8")
+        self.regular(path)
+        data = self.read(path)
+        cur = line_at(data, number)
+        if cur == new:
+            say("ok: %s:%d is in place" % (show(path), number))
+            return
+        if cur != old:
+            raise StepFailed("%s:%d changed since the audit (%s): not edited" % (
+                show(path), number, show(cur)))
+        self.backup(a["id"], path)
+        self.write_in_place(path, replaced_line(data, number, new))
+        self.changed("%s:%d: %s -> %s" % (show(path), number, show(old), show(new)))
+
+    def insert_line(self, a):
+        # type: (Dict[str, Any]) -> None
+        path, after = a["path"], int(a["after"])
+        anchor, text = a["anchor"].encode("utf-8"), a["text"].encode("utf-8")
+        self.regular(path)
+        data = self.read(path)
+        if line_at(data, after + 1) == text:
+            say("ok: %s has the line" % show(path))
+            return
+        if after > 0 and line_at(data, after) != anchor:
+            raise StepFailed("%s:%d changed since the audit (%s): not edited" % (
+                show(path), after, show(line_at(data, after))))
+        self.backup(a["id"], path)
+        self.write_in_place(path, inserted_line(data, after, text))
+        self.changed("%s:%d: added %s" % (show(path), after + 1, show(text)))
+
+    def append_line(self, a):
+        # type: (Dict[str, Any]) -> None
+        path, text = a["path"], a["text"].encode("utf-8")
+        self.regular(path)
+        data = self.read(path)
+        if any(data[s:e] == text for s, e, _ in _lines(data)):
+            say("ok: %s has the line" % show(path))
+            return
+        self.backup(a["id"], path)
+        tail = b"\n" if data and not data.endswith(b"\n") else b""
+        self.write_in_place(path, data + tail + text + b"\n")
+        self.changed("%s: added %s" % (show(path), show(text)))
+
+    def make_symlink(self, a):
+        # type: (Dict[str, Any]) -> None
+        path, target = a["path"], a["target"]
+        st = self.tree.lstat(path)
+        if st is not None and stat.S_ISLNK(st.st_mode) \
+                and self.tree.readlink(path) == os.fsencode(target):
+            say("ok: %s is in place" % show(path))
+            return
+        if st is not None:
+            raise StepFailed("%s exists: not replaced" % show(path))
+        self.state.init(self.rollback_text)
+        self.ensure_dir(path.rpartition("/")[0])
+        self.tree.symlink(path, target)
+        self.state.save_once(a["id"] + ".created", b"")
+        self.changed("linked %s -> %s" % (show(path), show(target)))
+
+    # undoing ---------------------------------------------------------------------------
+
+    def restore_value(self, a):
+        # type: (Dict[str, Any]) -> None
+        saved = self.state.read(a["id"] + ".old")
+        if saved is None:
+            return
+        self.regular(a["path"])
+        self.write_in_place(a["path"], saved)
+        say("restored %s to %s" % (show(a["path"]), show(strip_newline(saved))))
+
+    def restore_pci_bits(self, a):
+        # type: (Dict[str, Any]) -> None
+        saved = self.state.read(a["id"] + ".old")
+        if saved is None:
+            return
+        old = strip_newline(saved).decode("ascii", "replace")
+        if not (_HEX.match(old) and _HEX.match(a["mask"])):
+            raise StepFailed("saved value of %s %s is unreadable" % (a["address"],
+                                                                     a["register"]))
+        where = self._pci(a)
+        if where is None:
+            raise StepFailed("%s is gone: not restored" % a["address"])
+        config, offset, width = where
+        mask = int(a["mask"], 16)
+        cur = self._pci_read(config, offset, width)
+        self._pci_write(config, offset, width, (cur & ~mask) | (int(old, 16) & mask))
+        say("restored %s" % self.describe_pci(a, cur, self._pci_read(config, offset, width)))
+
+    def restore_file(self, a):
+        # type: (Dict[str, Any]) -> None
+        path = a["path"]
+        original = self.state.read(a["id"] + ".orig")
+        if original is not None:
+            st = self.regular(path, missing_ok=True)
+            if st is not None:
+                self.write_in_place(path, original)
+            else:
+                mode = int((self.state.read(a["id"] + ".mode") or b"644").decode("ascii"), 8)
+                fd = self.tree.create(path, mode & 0o7777)
+                try:
+                    write_fd(fd, original)
+                finally:
+                    os.close(fd)
+            say("restored %s" % show(path))
+        elif self.state.has(a["id"] + ".absent"):
+            self.tree.unlink(path)
+            say("removed %s" % show(path))
+
+    def remove_symlink(self, a):
+        # type: (Dict[str, Any]) -> None
+        if not self.state.has(a["id"] + ".created"):
+            return
+        self.tree.unlink(a["path"], (stat.S_IFLNK,))
+        say("removed %s" % show(a["path"]))
+
+    # running ---------------------------------------------------------------------------
+
+    FIX = {"set_value": "set_value", "set_pci_bits": "set_pci_bits",
+           "write_file": "write_file", "replace_line": "replace_line",
+           "insert_line": "insert_line", "append_line": "append_line",
+           "make_symlink": "make_symlink"}
+    UNDO = {"set_value": "restore_value", "set_pci_bits": "restore_pci_bits",
+            "write_file": "restore_file", "replace_line": "restore_file",
+            "insert_line": "restore_file", "append_line": "restore_file",
+            "make_symlink": "remove_symlink"}
+
+    def run(self, table, actions):
+        # type: (Dict[str, str], List[Dict[str, Any]]) -> None
+        for action in actions:
+            method = table.get(action.get("kind", ""))
+            if method is None:
+                continue  # a command: never run on a sysroot
+            try:
+                getattr(self, method)(action)
+            except StepFailed as exc:
+                self.fail(str(exc))
+            except OSError as exc:
+                what = action.get("path") or action.get("address") or action["id"]
+                self.fail("%s: %s: not %s" % (show(what), exc.strerror or exc,
+                                              "restored" if table is self.UNDO else "changed"))
+
+    def preflight(self):
+        # type: () -> None
+        """Refuse the whole fix, before any change, where a directory on a planned path is
+        a symlink now: the audit resolved every path, so the sysroot changed since (a write
+        would still stay inside it, but not where the audit saw the file)."""
+        for action in self.plan["actions"]:
+            path = action.get("path")
+            if not isinstance(path, str):
+                continue
+            current = ""
+            for part in [p for p in path.split("/") if p][:-1]:
+                current += "/" + part
+                st = self.tree.lstat(current)
+                if st is None:
+                    break
+                if stat.S_ISLNK(st.st_mode):
+                    raise Refused("%s: %s is a symlink now (the sysroot changed since the "
+                                  "audit): nothing changed" % (show(path), show(current)))
+
+    def fix(self):
+        # type: () -> int
+        self.preflight()
+        self.run(self.FIX, self.plan["actions"])
+        if self.failures:
+            warn("%d step(s) failed; see above" % self.failures)
+            return 1
+        say("done")
+        return 0
+
+    def undo(self):
+        # type: () -> int
+        if not self.state.exists():
+            say("nothing to roll back: no state for fix %s of this sysroot in %s" % (
+                self.plan["fix_id"], show(self.state.path)))
+            return 0
+        self.run(self.UNDO, list(reversed(self.plan["actions"])))
+        if self.failures:
+            warn("%d step(s) failed; the saved state stays in %s for another try" % (
+                self.failures, show(self.state.path)))
+            return 1
+        created = (self.state.read("created-dirs") or b"").split(b"\0")
+        self.state.remove()
+        for raw in reversed([c for c in created if c]):
+            parts = raw.split(b"/")
+            if b".." in parts or not raw.startswith(b"/"):
+                continue  # not a path this fix wrote
+            self.tree.rmdir(raw)
+        say("rolled back fix %s" % self.plan["fix_id"])
+        return 0
+
+
+def guard(tree, plan):
+    # type: (Tree, Dict[str, Any]) -> None
+    """Refuse a sysroot that is not the audited host's (its hostname or machine-id differ)."""
+    def text(path):
+        # type: (str) -> str
+        try:
+            return tree.read(path, MAX_GUARD).decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    found = first_line(text("/etc/hostname"))
+    if found != plan["hostname"]:
+        raise Refused("%s holds host %s, not the audited %s" % (
+            show(tree.root), show(found), show(plan["hostname"])))
+    wanted = plan.get("machine_id_sha256")
+    if wanted:
+        found_id = first_line(text("/etc/machine-id"))
+        if machine_id_digest(plan["machine_id_salt"], found_id) != wanted:
+            raise Refused("the machine-id of %s is not the audited host's" % show(tree.root))
+
+
+def _read_plan(fd):
+    # type: (int) -> Dict[str, Any]
+    with os.fdopen(fd, "rb") as handle:
+        plan = json.loads(handle.read(64 << 20).decode("utf-8"))
+    if not isinstance(plan, dict) or plan.get("format") != PLAN_FORMAT \
+            or not isinstance(plan.get("actions"), list):
+        raise Refused("the fix plan is not one this program reads")
+    return plan
+
+
+def apply(mode, root, plan, rollback=None):
+    # type: (str, str, Dict[str, Any], Optional[bytes]) -> int
+    """Fix (``mode`` "fix") or roll back ("rollback") the sysroot ``root``; return the status."""
+    if not os.path.isdir(root):
+        raise Refused("sysroot %s is not a directory" % show(root))
+    real = os.path.realpath(root)
+    if real == "/":
+        raise Refused("ROOT is /: this script is for a sysroot, not the booted machine")
+    with Tree(root) as tree:
+        guard(tree, plan)
+        state = State(real, plan["fix_id"])
+        try:
+            if mode == "rollback":
+                return Applier(tree, plan, state).undo()
+            # Re-running a fix finds the state of its first run (and its lock).
+            if state.open_key(create=False):
+                state.exists()
+            return Applier(tree, plan, state, rollback).fix()
+        finally:
+            state.close()
+
+
+def main(argv):
+    # type: (List[str]) -> int
+    """``fix ROOT`` or ``rollback ROOT``: the plan on fd 3, in fix mode the rollback on fd 4."""
+    os.umask(0o022)
+    if len(argv) != 2 or argv[0] not in ("fix", "rollback"):
+        sys.stderr.write("host-auditor: error: usage: fix|rollback ROOT (the plan on fd 3)\n")
+        return 2
+    mode, root = argv
+    try:
+        plan = _read_plan(3)
+        rollback = None
+        if mode == "fix":
+            with os.fdopen(4, "rb") as handle:
+                rollback = handle.read(64 << 20)
+        return apply(mode, root, plan, rollback)
+    except Refused as exc:
+        sys.stderr.write("host-auditor: error: %s\n" % exc)
+        return 2
+    except (OSError, ValueError) as exc:
+        sys.stderr.write("host-auditor: error: %s\n" % show(str(exc)))
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

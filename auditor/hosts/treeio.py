@@ -1,0 +1,463 @@
+# ruff: noqa: UP031, UP035
+"""Reach files inside a directory tree that someone else controls, never outside it.
+
+A sysroot (a container's rootfs, an unpacked image, a capture from a ticket) is
+owned by whoever made it, and it may change while it is read or fixed: any
+component of any path may be, or become, a symlink, a FIFO or a device node.
+:class:`Tree` opens every path relative to a file descriptor of the tree's root,
+as if the root were ``/`` (a ``chroot``): symlinks are followed inside the tree,
+absolute ones from its root, and ``..`` stops at the root.
+
+- Where the kernel has it (Linux 5.6+), one ``openat2(2)`` call with
+  ``RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS`` resolves a path; the kernel refuses
+  to leave the root even while the tree is renamed under it (it returns EAGAIN,
+  and the path is tried again).
+- Elsewhere (older kernels, a seccomp filter that refuses the call), the same is
+  done component by component: ``openat(dirfd, name, O_PATH | O_NOFOLLOW)``, a
+  symlink read with ``readlinkat`` and walked in the tree, ``..`` taken from the
+  stack of directories already opened, never from the file system.
+- The last component is never followed: a symlink there is an entry of its own.
+  What is read or written must be a regular file; it is opened as ``O_PATH``
+  first, checked with ``fstat``, and only then re-opened for reading or writing
+  through ``/proc/self/fd`` (so a FIFO is never opened, which could hang, nor a
+  device node, which could be the operator's disk). A file with more than one
+  hard link is never written (it may be a name for a file outside the tree).
+
+This module is sent as it is to remote hosts (with the collector and the
+sysroot fix), so it imports only the standard library and keeps to what Python
+3.6 accepts.
+"""
+
+import errno
+import os
+import stat
+import weakref
+from typing import List, Optional, Tuple  # noqa: F401 - type comments
+
+#: Symlinks followed in one path before giving up, as the kernel's limit (ELOOP).
+MAX_LINKS = 40
+#: Path components accepted in one path (a sysroot's deepest sysfs paths have ~15).
+MAX_COMPONENTS = 256
+_O_PATH = getattr(os, "O_PATH", 0o10000000)
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+
+# openat2(2): the syscall number is 437 on every architecture that has it.
+_SYS_OPENAT2 = 437
+_RESOLVE_NO_MAGICLINKS = 0x02
+_RESOLVE_IN_ROOT = 0x10
+_FILES_AND_LINKS = (stat.S_IFREG, stat.S_IFLNK)
+
+
+class _OpenAt2:
+    """``openat2(2)`` through ctypes, or nothing where it cannot be called."""
+
+    def __init__(self):
+        # type: () -> None
+        self.call = None  # type: Optional[object]
+        try:
+            import ctypes
+        except ImportError:  # a Python built without ctypes: the component walk
+            return
+
+        class OpenHow(ctypes.Structure):
+            _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64),
+                        ("resolve", ctypes.c_uint64)]
+
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            syscall = libc.syscall
+        except (OSError, AttributeError):
+            return
+        syscall.restype = ctypes.c_long
+        self.ctypes = ctypes
+        self.how = OpenHow
+        self.call = syscall
+
+    def open(self, dirfd, path, flags):
+        # type: (int, bytes, int) -> int
+        ctypes = self.ctypes
+        how = self.how(flags | _O_CLOEXEC, 0, _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS)
+        fd = self.call(ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(dirfd), ctypes.c_char_p(path),
+                       ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))  # type: ignore
+        if fd < 0:
+            code = ctypes.get_errno()
+            raise OSError(code, os.strerror(code), os.fsdecode(path))
+        return int(fd)
+
+
+_OPENAT2 = None  # type: Optional[_OpenAt2]
+#: None until probed; then whether openat2 with RESOLVE_IN_ROOT works here.
+_HAVE_OPENAT2 = None  # type: Optional[bool]
+
+
+def _openat2():
+    # type: () -> Optional[_OpenAt2]
+    global _OPENAT2
+    if _OPENAT2 is None:
+        _OPENAT2 = _OpenAt2()
+    return _OPENAT2 if _OPENAT2.call is not None else None
+
+
+def components(path):
+    # type: (bytes) -> List[bytes]
+    """Return the components of a path (empty ones and "." dropped), bounded in number."""
+    parts = [p for p in path.split(b"/") if p and p != b"."]
+    if len(parts) > MAX_COMPONENTS:
+        raise OSError(errno.ENAMETOOLONG, "too many path components", os.fsdecode(path))
+    return parts
+
+
+def _close(fds):
+    # type: (List[int]) -> None
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+class Tree:
+    """A directory tree opened once; every path below resolves inside it, as in a chroot.
+
+    Paths are bytes or text, absolute or not, always taken from the tree's root.
+    """
+
+    def __init__(self, root, use_openat2=None):
+        # type: (str, Optional[bool]) -> None
+        # The root itself is the operator's own argument: followed once, then held.
+        self.fd = os.open(root, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
+        self.root = os.path.realpath(root)
+        self.use_openat2 = use_openat2
+        # A tree nobody closed gives its descriptor back when it is collected.
+        self._finalizer = weakref.finalize(self, os.close, self.fd)
+
+    def close(self):
+        # type: () -> None
+        """Close the tree's root descriptor."""
+        self._finalizer()
+        self.fd = -1
+
+    def __enter__(self):
+        # type: () -> Tree
+        return self
+
+    def __exit__(self, *exc):
+        # type: (object) -> None
+        self.close()
+
+    # -- resolution ---------------------------------------------------------------------
+
+    def _kernel(self):
+        # type: () -> Optional[_OpenAt2]
+        global _HAVE_OPENAT2
+        if self.use_openat2 is False:
+            return None
+        impl = _openat2()
+        if impl is None:
+            return None
+        if _HAVE_OPENAT2 is None:
+            try:
+                os.close(impl.open(self.fd, b".", _O_PATH))
+                _HAVE_OPENAT2 = True
+            except OSError:
+                # ENOSYS (before 5.6), EPERM (a seccomp filter), EINVAL or E2BIG (an
+                # older struct): the component walk does the same in user space.
+                _HAVE_OPENAT2 = False
+        return impl if _HAVE_OPENAT2 else None
+
+    def _walk(self, parts, flags, follow=False):
+        # type: (List[bytes], int, bool) -> int
+        """Open ``parts`` below the root in user space: a symlink's target is walked in the
+        tree, ``..`` pops the directories opened so far; the last part is followed only
+        with ``follow``."""
+        stack = [os.dup(self.fd)]
+        pending = list(parts)
+        hops = 0
+        try:
+            while pending:
+                part = pending.pop(0)
+                if part == b"..":
+                    if len(stack) > 1:
+                        os.close(stack.pop())
+                    continue
+                last = not pending
+                fd = os.open(part, _O_PATH | _O_NOFOLLOW | _O_CLOEXEC, dir_fd=stack[-1])
+                mode = os.fstat(fd).st_mode
+                if stat.S_ISLNK(mode) and (follow or not last):
+                    try:
+                        target = os.readlink(part, dir_fd=stack[-1])
+                    finally:
+                        os.close(fd)
+                    hops += 1
+                    if hops > MAX_LINKS:
+                        raise OSError(errno.ELOOP, "too many levels of symbolic links")
+                    if target.startswith(b"/"):
+                        _close(stack[1:])
+                        del stack[1:]
+                    pending = components(target) + pending
+                    if len(pending) > MAX_COMPONENTS:
+                        raise OSError(errno.ENAMETOOLONG, "too many path components")
+                    continue
+                if last:
+                    if flags & _O_PATH:
+                        return fd
+                    try:
+                        return os.open(part, flags | _O_NOFOLLOW | _O_CLOEXEC, dir_fd=stack[-1])
+                    finally:
+                        os.close(fd)
+                if not stat.S_ISDIR(mode):
+                    os.close(fd)
+                    raise OSError(errno.ENOTDIR, "not a directory")
+                stack.append(fd)
+            # The root itself (an empty path, or one that ".." brought back to it).
+            return os.open(".", flags | _O_CLOEXEC, dir_fd=stack[-1])
+        finally:
+            _close(stack)
+
+    def open(self, path, flags=_O_PATH, follow=False):
+        # type: (object, int, bool) -> int
+        """Return a descriptor of ``path`` in the tree, its last component not followed
+        (unless ``follow``: then a symlink there is followed, inside the tree too).
+
+        ``flags`` are ``os.open`` flags (``O_PATH`` by default).
+        """
+        raw = path if isinstance(path, bytes) else os.fsencode(str(path))
+        parts = components(raw)
+        kernel = self._kernel()
+        if kernel is not None:
+            relative = b"/".join(parts) or b"."
+            for _ in range(8):
+                try:
+                    return kernel.open(self.fd, relative, flags | (0 if follow else _O_NOFOLLOW))
+                except OSError as exc:
+                    if exc.errno != errno.EAGAIN:
+                        raise
+            # The tree keeps being renamed under the resolution: walk it instead.
+        return self._walk(parts, flags, follow)
+
+    def parent(self, path):
+        # type: (object) -> Tuple[int, bytes]
+        """Return (an O_PATH descriptor of the directory holding ``path``, its last name).
+
+        The name is never "", "." or "..": a path that ends so has no entry of its own.
+        """
+        raw = path if isinstance(path, bytes) else os.fsencode(str(path))
+        parts = components(raw)
+        if not parts or parts[-1] == b"..":
+            raise OSError(errno.EINVAL, "no name to operate on", os.fsdecode(raw))
+        fd = self.open(b"/".join(parts[:-1]), _O_PATH | _O_DIRECTORY)
+        return fd, parts[-1]
+
+    # -- reading ------------------------------------------------------------------------
+
+    def lstat(self, path):
+        # type: (object) -> Optional[os.stat_result]
+        """Return what ``path`` is, its last component not followed; None if missing."""
+        try:
+            fd = self.open(path)
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EACCES,
+                             errno.ENAMETOOLONG, errno.EXDEV):
+                return None
+            raise
+        try:
+            return os.fstat(fd)
+        finally:
+            os.close(fd)
+
+    def readlink(self, path):
+        # type: (object) -> bytes
+        """Return a symlink's target (raise OSError if ``path`` is not a symlink)."""
+        fd = self.open(path)
+        try:
+            if not stat.S_ISLNK(os.fstat(fd).st_mode):
+                raise OSError(errno.EINVAL, "not a symbolic link", str(path))
+            # readlinkat(fd, ""): the link the descriptor holds, whatever its name is now.
+            return os.readlink(b"", dir_fd=fd)
+        finally:
+            os.close(fd)
+
+    def stat(self, path):
+        # type: (object) -> Optional[os.stat_result]
+        """Return what ``path`` is, every symlink followed inside the tree; None if missing."""
+        try:
+            fd = self.open(path, follow=True)
+        except OSError:
+            return None
+        try:
+            return os.fstat(fd)
+        finally:
+            os.close(fd)
+
+    def listdir(self, path, follow=False):
+        # type: (object, bool) -> List[bytes]
+        """Return the names in a directory (raw bytes); its last component is followed only
+        with ``follow``."""
+        fd = self.open(path, os.O_RDONLY | _O_DIRECTORY, follow)
+        try:
+            return [os.fsencode(name) for name in os.listdir(fd)]
+        finally:
+            os.close(fd)
+
+    def _reopen(self, fd, flags, path):
+        # type: (int, int, object) -> int
+        """Open the very inode an O_PATH descriptor holds, with ``flags``.
+
+        Through /proc/self/fd, which names that inode whatever happened to its path. Where
+        /proc is not mounted, the name is opened again below its directory (O_NOFOLLOW,
+        O_NONBLOCK: a FIFO swapped in meanwhile is not waited on) and the caller checks
+        that it is the same inode.
+        """
+        try:
+            return os.open("/proc/self/fd/%d" % fd, flags | _O_CLOEXEC)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+                raise
+        parent, name = self.parent(path)
+        try:
+            return os.open(name, flags | _O_NOFOLLOW | _O_CLOEXEC | os.O_NONBLOCK
+                           | getattr(os, "O_NOCTTY", 0), dir_fd=parent)
+        finally:
+            os.close(parent)
+
+    def open_regular(self, path, flags=os.O_RDONLY, single_link=False):
+        # type: (object, int, bool) -> int
+        """Open a regular file (never a FIFO, device, socket or symlink) with ``flags``."""
+        fd = self.open(path)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise OSError(errno.EINVAL if stat.S_ISLNK(st.st_mode) else errno.EPERM,
+                              "not a regular file", str(path))
+            if single_link and st.st_nlink != 1:
+                raise OSError(errno.EMLINK, "a file with other hard links is not changed",
+                              str(path))
+            opened = self._reopen(fd, flags, path)
+        finally:
+            os.close(fd)
+        again = os.fstat(opened)
+        if (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino) \
+                or not stat.S_ISREG(again.st_mode):
+            os.close(opened)
+            raise OSError(errno.EAGAIN, "the file changed while it was opened", str(path))
+        if flags & os.O_NONBLOCK == 0 and hasattr(os, "set_blocking"):
+            os.set_blocking(opened, True)
+        return opened
+
+    def read(self, path, limit):
+        # type: (object, int) -> bytes
+        """Read at most ``limit`` bytes of a regular file (until EOF: sysfs sizes lie)."""
+        fd = self.open_regular(path)
+        try:
+            return read_fd(fd, limit)
+        finally:
+            os.close(fd)
+
+    # -- changing -----------------------------------------------------------------------
+
+    def write(self, path, data, create_mode=None):
+        # type: (object, bytes, Optional[int]) -> bool
+        """Make a regular file hold ``data``, in place (its inode and mode kept).
+
+        A missing file is created (exclusively) with ``create_mode`` when that is given.
+        Return True when the file was created.
+        """
+        try:
+            fd = self.open_regular(path, os.O_WRONLY | os.O_TRUNC, single_link=True)
+            created = False
+        except OSError as exc:
+            if exc.errno != errno.ENOENT or create_mode is None:
+                raise
+            fd = self.create(path, create_mode)
+            created = True
+        try:
+            write_fd(fd, data)
+        finally:
+            os.close(fd)
+        return created
+
+    def create(self, path, mode):
+        # type: (object, int) -> int
+        """Create a new regular file exclusively (nothing, not even a symlink, may be there)."""
+        parent, name = self.parent(path)
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC,
+                         mode, dir_fd=parent)
+        finally:
+            os.close(parent)
+        os.fchmod(fd, mode)  # exactly the mode asked for, whatever the umask
+        return fd
+
+    def mkdir(self, path, mode=0o755):
+        # type: (object, int) -> None
+        """Make one directory (its parent must exist)."""
+        parent, name = self.parent(path)
+        try:
+            os.mkdir(name, mode, dir_fd=parent)
+        finally:
+            os.close(parent)
+
+    def symlink(self, path, target):
+        # type: (object, str) -> None
+        """Make a symlink (nothing may be there); its target is never followed here."""
+        parent, name = self.parent(path)
+        try:
+            os.symlink(target, name, dir_fd=parent)
+        finally:
+            os.close(parent)
+
+    def unlink(self, path, kinds=_FILES_AND_LINKS):
+        # type: (object, Tuple[int, ...]) -> bool
+        """Remove a file or symlink (never a directory); return whether it was there."""
+        parent, name = self.parent(path)
+        try:
+            try:
+                st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+            except FileNotFoundError:
+                return False
+            if stat.S_IFMT(st.st_mode) not in kinds:
+                raise OSError(errno.EPERM, "not a file the fix made", str(path))
+            os.unlink(name, dir_fd=parent)
+            return True
+        finally:
+            os.close(parent)
+
+    def rmdir(self, path):
+        # type: (object) -> bool
+        """Remove an empty directory; return False when it is gone or not empty."""
+        try:
+            parent, name = self.parent(path)
+        except OSError:
+            return False
+        try:
+            os.rmdir(name, dir_fd=parent)
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(parent)
+
+
+def read_fd(fd, limit):
+    # type: (int, int) -> bytes
+    """Read from a descriptor until EOF or ``limit`` bytes."""
+    chunks = []  # type: List[bytes]
+    size = 0
+    while size < limit:
+        chunk = os.read(fd, min(limit - size, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def write_fd(fd, data):
+    # type: (int, bytes) -> None
+    """Write all of ``data`` to a descriptor."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]

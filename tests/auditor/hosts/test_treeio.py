@@ -1,0 +1,178 @@
+"""treeio.Tree: every path resolves inside the tree, with openat2 and with the component walk."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+
+from auditor.hosts import treeio
+from auditor.hosts.treeio import Tree
+
+
+@pytest.fixture(params=[None, False], ids=["openat2", "walk"])
+def mode(request: pytest.FixtureRequest) -> bool | None:
+    if request.param is None:
+        with Tree("/") as tree:
+            tree.open(".")
+        if not treeio._HAVE_OPENAT2:
+            pytest.skip("this kernel has no openat2 (the walk is tested on its own)")
+    return request.param  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def layout(tmp_path: Path) -> tuple[Path, Path]:
+    """A tree with symlinks leading out in every way, and a secret outside it."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_text("SECRET\n")
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    (root / "etc/hostname").write_text("inside\n")
+    (root / "etc/abs").symlink_to(outside / "secret")
+    (root / "etc/rel").symlink_to("../../outside/secret")
+    (root / "etc/dotdot").symlink_to("../../../../../../../../etc/hostname")
+    (root / "etc/dir").symlink_to(outside)
+    (root / "etc/loop").symlink_to("loop")
+    (root / "etc/self").symlink_to("/etc/hostname")
+    os.mkfifo(root / "etc/fifo")
+    return root, outside
+
+
+def test_symlinks_resolve_inside_the_tree(layout: tuple[Path, Path], mode: bool | None) -> None:
+    root, outside = layout
+    with Tree(str(root), use_openat2=mode) as tree:
+        assert tree.read("/etc/hostname", 100) == b"inside\n"
+        # The last component is never followed; through a symlinked directory or one
+        # followed on purpose, absolute targets start at the tree's root.
+        for name in ("abs", "rel", "dir"):
+            with pytest.raises(OSError):
+                tree.read(f"/etc/{name}", 100)
+        with pytest.raises(OSError):
+            tree.read("/etc/dir/secret", 100)
+        assert tree.stat("/etc/abs") is None and tree.stat("/etc/dir/secret") is None
+        st = tree.stat("/etc/dotdot")  # "../" past the root stops at the root
+        assert st is not None and stat.S_ISREG(st.st_mode)
+        assert tree.read("/../../etc/hostname", 100) == b"inside\n"
+        assert tree.stat("/etc/self") is not None
+        with pytest.raises(OSError) as loop:
+            tree.stat("/etc/loop/x") or tree.read("/etc/loop/x", 1)
+        assert loop.value.errno in (errno.ELOOP, errno.ENOENT)
+        assert tree.readlink("/etc/abs") == os.fsencode(outside / "secret")
+        assert sorted(tree.listdir("/etc")) == sorted(os.fsencode(n) for n in os.listdir(
+            root / "etc"))
+
+
+def test_fifos_devices_and_hard_links_are_never_read_or_written(
+    layout: tuple[Path, Path], mode: bool | None
+) -> None:
+    root, outside = layout
+    os.link(outside / "secret", root / "etc/linked")
+    with Tree(str(root), use_openat2=mode) as tree:
+        with pytest.raises(OSError, match="not a regular file"):
+            tree.read("/etc/fifo", 10)  # never opened: it would block
+        with pytest.raises(OSError, match="other hard links"):
+            tree.write("/etc/linked", b"x")
+        with pytest.raises(OSError):
+            tree.write("/etc/abs", b"x")  # a symlink is not written through
+        with pytest.raises(FileExistsError):
+            tree.create("/etc/abs", 0o644)
+        assert tree.write("/etc/new", b"made\n", create_mode=0o640)
+        assert stat.S_IMODE(os.stat(root / "etc/new").st_mode) == 0o640
+        with pytest.raises(OSError):
+            tree.unlink("/etc/dir/secret")
+        with pytest.raises(OSError):
+            tree.mkdir("/etc/dir/made")
+    assert (outside / "secret").read_text() == "SECRET\n"
+    assert sorted(p.name for p in outside.iterdir()) == ["secret"]
+
+
+def test_a_directory_swapped_for_a_symlink_never_leads_out(
+    layout: tuple[Path, Path], mode: bool | None
+) -> None:
+    root, outside = layout
+    (root / "etc/sub").mkdir()
+    (root / "etc/sub/file").write_text("inside\n")
+    (outside / "file").write_text("SECRET\n")
+    stop = threading.Event()
+
+    def swap() -> None:
+        while not stop.is_set():
+            try:
+                os.rename(root / "etc/sub", root / "etc/sub.real")
+                os.symlink(outside, root / "etc/sub")
+                os.unlink(root / "etc/sub")
+                os.rename(root / "etc/sub.real", root / "etc/sub")
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=swap, daemon=True)
+    thread.start()
+    seen = set()
+    try:
+        with Tree(str(root), use_openat2=mode) as tree:
+            for _ in range(3000):
+                try:
+                    seen.add(tree.read("/etc/sub/file", 100))
+                    tree.write("/etc/sub/file", b"inside\n")
+                except OSError:
+                    pass
+    finally:
+        stop.set()
+        thread.join()
+    assert b"SECRET\n" not in seen
+    assert (outside / "file").read_text() == "SECRET\n"
+
+
+def test_paths_are_bounded(layout: tuple[Path, Path], mode: bool | None) -> None:
+    root, _ = layout
+    with Tree(str(root), use_openat2=mode) as tree, pytest.raises(OSError):
+        tree.read("/a" * (treeio.MAX_COMPONENTS + 1), 1)
+
+
+def test_the_sysroot_fix_program_runs_on_python_3_6_with_the_standard_library() -> None:
+    """What a sysroot's scripts embed: treeio then sysroot_fix, one stdlib-only program."""
+    import ast
+    import sys
+
+    from auditor.hosts import sysroot_fix
+    from auditor.hosts.collect import module_sources
+
+    source = module_sources(treeio, sysroot_fix).decode()
+    tree = ast.parse(source, feature_version=(3, 6))
+    guarded = {id(n) for t in ast.walk(tree) if isinstance(t, ast.Try)
+               for h in t.handlers for n in ast.walk(h)}
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
+                for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree)
+                 if isinstance(n, ast.ImportFrom) and n.module and id(n) not in guarded}
+    assert imported <= set(sys.stdlib_module_names)
+
+
+def test_without_proc_the_name_is_opened_again_and_checked(
+    layout: tuple[Path, Path], mode: bool | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where /proc is not mounted, a file is reopened by name below its directory; what is
+    opened must be the inode that was checked, and a FIFO is still never waited on."""
+    root, outside = layout
+    real_open = os.open
+
+    def no_proc(path: object, *args: object, **kwargs: object) -> int:
+        if isinstance(path, str) and path.startswith("/proc/self/fd/"):
+            raise FileNotFoundError(errno.ENOENT, "no /proc here", path)
+        return real_open(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", no_proc)
+    with Tree(str(root), use_openat2=mode) as tree:
+        assert tree.read("/etc/hostname", 100) == b"inside\n"
+        tree.write("/etc/hostname", b"changed\n")
+        with pytest.raises(OSError):
+            tree.read("/etc/fifo", 10)
+        with pytest.raises(OSError):
+            tree.read("/etc/abs", 10)
+    assert (root / "etc/hostname").read_text() == "changed\n"
+    assert (outside / "secret").read_text() == "SECRET\n"
