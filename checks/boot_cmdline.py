@@ -209,7 +209,7 @@ class BootCmdline(Check[CheckOptions]):
               "configured": " ".join(t.text for t in tokens)[:2048]}
         if configured.unexpanded:
             ev["unexpanded"] = " ".join(configured.unexpanded)
-        missing = [t for t in tokens if not any(same_token(t.text, l) for l in live)]
+        missing = [t for t in tokens if not any(same_token(t.text, w) for w in live)]
         configured_keys = {t.key for t in tokens}
         dropped = [] if configured.unexpanded else [
             tok for tok in live if param_key(tok) not in configured_keys

@@ -1,4 +1,4 @@
-"""nvidia.driver: the loaded kernel module against the installed userspace driver, and who upgrades it.
+"""nvidia.driver: the loaded kernel module against the installed userspace, and who upgrades it.
 
 NVML and the CUDA driver library refuse a kernel module of another version: after an upgrade
 of the userspace (``libnvidia-ml.so.<v>``, ``libcuda.so.<v>``) under a running module, every new
@@ -23,7 +23,6 @@ from typing import ClassVar
 from auditor.check import Check, CheckOptions, Trigger
 from auditor.checks.lib import kernels, modprobe, nvidia, packages, pci
 from auditor.environment import READS as ENVIRONMENT_READS
-from auditor.environment import environment
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity
 from auditor.remediations.steps import Advice, FixContext, Remedy, RunCommand, Step, WriteFile

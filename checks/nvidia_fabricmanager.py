@@ -52,7 +52,7 @@ def package_version(host: Host) -> tuple[str, str] | None:
 
 
 class NvidiaFabricmanager(Check[CheckOptions]):
-    """NVSwitch systems need fabric manager running at the driver's version, or CUDA cannot start."""
+    """NVSwitch systems need fabric manager at the driver's version, or CUDA cannot start."""
 
     id: ClassVar[str] = "nvidia.fabricmanager"
     severity: ClassVar[Severity] = Severity.CRITICAL

@@ -166,7 +166,7 @@ class NvidiaUvmHmm(Check[UvmHmmOptions]):
                                              or build.get("CONFIG_RANDOMIZE_BASE", "y") != "n")
         ev["kaslr"] = "on" if kaslr else "off"
         pending = (f"; {setting.where} turns it off once nvidia_uvm is reloaded or the host "
-                   "reboots" if configured_off else "")
+                   "reboots" if configured_off and setting is not None else "")
         count = f"{len(gpus)} NVIDIA GPU(s)"
         if not kaslr:
             if blackwell:

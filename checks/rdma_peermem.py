@@ -45,7 +45,7 @@ def loaded_at_boot(host: Host, modules: Sequence[str]) -> str:
 
 
 class RdmaPeermem(Check[CheckOptions]):
-    """GPUs and RDMA NICs need nvidia_peermem or DMA-BUF, or NCCL stages traffic through host memory."""
+    """GPUs with RDMA NICs need nvidia_peermem or DMA-BUF, or NCCL stages through host memory."""
 
     id: ClassVar[str] = "rdma.peermem"
     severity: ClassVar[Severity] = Severity.MEDIUM

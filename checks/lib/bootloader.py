@@ -1,4 +1,4 @@
-"""The kernel command line as the boot loader is configured to pass it, with where each token is set.
+"""The kernel command line the boot loader is configured to pass, and where each token is set.
 
 Shared by ``boot.cmdline`` (configured against booted) and ``remediations/boot.py`` (the edit
 that adds parameters). What each boot loader reads:

@@ -124,7 +124,7 @@ def parse(text: str, path: str, priority: int) -> Spec:
     except RecursionError:
         spec.error = "nested too deeply"
         return spec
-    except Exception as exc:  # noqa: BLE001 - any parser error means the spec is unreadable
+    except Exception as exc:  # any parser error means the spec is unreadable
         spec.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
         return spec
     try:

@@ -173,7 +173,8 @@ class KernelLine:
             return f"Ubuntu -{self.flavour} kernel {self.series}"
         if self.name.startswith("el"):
             minor = f"_{self.stream}" if self.stream else ""
-            return f"{self.name.replace('-uek', ' UEK')} kernel {self.series} ({self.name[:4]}{minor})"
+            name = self.name.replace("-uek", " UEK")
+            return f"{name} kernel {self.series} ({self.name[:4]}{minor})"
         return f"{self.name} kernel {self.series}"
 
 

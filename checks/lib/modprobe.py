@@ -242,7 +242,8 @@ def truthy(value: str) -> bool | None:
 
 # -- the initramfs ----------------------------------------------------------------------------
 
-DRACUT_CONFS = ("/etc/dracut.conf", "/etc/dracut.conf.d/*.conf", "/usr/lib/dracut/dracut.conf.d/*.conf")
+DRACUT_CONFS = ("/usr/lib/dracut/dracut.conf.d/*.conf", "/etc/dracut.conf.d/*.conf",
+                "/etc/dracut.conf")
 INITRAMFS_TOOLS_MODULES = "/etc/initramfs-tools/modules"
 INITRAMFS_TOOLS_HOOKS = ("/etc/initramfs-tools/hooks/*", "/usr/share/initramfs-tools/hooks/*")
 MKINITCPIO_CONFS = ("/etc/mkinitcpio.conf", "/etc/mkinitcpio.conf.d/*.conf")
@@ -250,7 +251,8 @@ MKINITCPIO_CONFS = ("/etc/mkinitcpio.conf", "/etc/mkinitcpio.conf.d/*.conf")
 INITRAMFS_READS: tuple[str, ...] = (*DRACUT_CONFS, INITRAMFS_TOOLS_MODULES, "/etc/initramfs-tools",
                                     *INITRAMFS_TOOLS_HOOKS, *MKINITCPIO_CONFS)
 
-_DRACUT_DRIVERS = re.compile(r"^\s*(add_drivers|force_drivers|omit_drivers)\+?=\s*[\"']([^\"']*)[\"']")
+_DRACUT_DRIVERS = re.compile(
+    r"^\s*(add_drivers|force_drivers|omit_drivers)\+?=\s*[\"']([^\"']*)[\"']")
 _MKINITCPIO_MODULES = re.compile(r"^\s*MODULES=\(([^)]*)\)")
 
 
@@ -280,14 +282,17 @@ def _mentions(words: str, modules: tuple[str, ...]) -> bool:
 
 def initramfs(host: Host, modules: tuple[str, ...]) -> Initramfs:
     """Return whether the initramfs carries any of ``modules`` (kernel names, ``_`` spelt)."""
-    dracut_files: list[str] = []
-    for pattern in DRACUT_CONFS:
-        dracut_files += host.glob(pattern)[:128] if "*" in pattern else (
-            [pattern] if host.exists(pattern) else [])
+    # dracut reads dracut.conf, then the drop-ins of /usr/lib and /etc by name (a name in
+    # /etc replaces the same name in /usr/lib); a later setting wins.
+    drop_ins: dict[str, str] = {}
+    for pattern in DRACUT_CONFS[:2]:
+        for path in host.glob(pattern)[:128]:
+            drop_ins[path.rsplit("/", 1)[1]] = path
+    dracut_files = ([DRACUT_CONFS[2]] if host.exists(DRACUT_CONFS[2]) else []) + [
+        drop_ins[name] for name in sorted(drop_ins)]
     if dracut_files:
         carries: bool | None = None
         where = ""
-        # dracut reads /usr/lib then /etc drop-ins by name, then dracut.conf; later wins.
         for path in dracut_files:
             for number, line in enumerate((host.read_optional(path) or "").split("\n")[:2048],
                                           start=1):

@@ -1,4 +1,4 @@
-"""The NVIDIA driver as files show it: the loaded module, its parameters, its userspace, its daemons.
+"""The NVIDIA driver as files show it: the loaded module, its parameters, userspace, daemons.
 
 Shared by ``kernel.version`` and the ``nvidia.*``, ``rdma.peermem`` and ``container.cdi``
 checks. Sources:
