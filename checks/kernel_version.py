@@ -202,9 +202,10 @@ class KernelVersion(Check[KernelOptions]):
             yield self.skipped("nvidia-driver", reason)
             return
         yield self._judge_kernel(host, running, distro, os_release, installed, nxt)
-        yield self._judge_driver(host, running or "", distro, nxt)
         amd = [d for d in pci.devices(host) if d.is_gpu and d.vendor == pci.AMD_GPU
                and d.driver not in PASSTHROUGH_DRIVERS]
+        if not amd or nvidia.gpus(host) or nvidia.loaded_driver(host) is not None:
+            yield self._judge_driver(host, running or "", distro, nxt)
         if amd:
             yield self._judge_amdgpu(host, amd, nxt, os_release)
 

@@ -66,6 +66,7 @@ class NvidiaDriver(Check[CheckOptions]):
         *packages.UPGRADE_READS,
         *kernels.RELEASE_READS,
         *kernels.MODULE_READS,
+        *modprobe.READS,
         *ENVIRONMENT_READS,
     )
     fix_reads: ClassVar[tuple[str, ...]] = modprobe.INITRAMFS_READS
@@ -98,7 +99,7 @@ class NvidiaDriver(Check[CheckOptions]):
         yield self._userspace(host, driver)
         yield self._upgrades(host)
         if gpus:
-            yield self._nouveau(gpus)
+            yield self._nouveau(host, gpus)
 
     # -- module against userspace -----------------------------------------------------------
 
@@ -198,8 +199,17 @@ class NvidiaDriver(Check[CheckOptions]):
 
     # -- nouveau ------------------------------------------------------------------------------
 
-    def _nouveau(self, gpus: list[pci.PciDevice]) -> Finding:
+    def _nouveau(self, host: Host, gpus: list[pci.PciDevice]) -> Finding:
         taken = [g.address for g in gpus if g.driver == "nouveau"]
+        banned = modprobe.read_config(host).directives_for("nouveau", "blacklist")
+        if taken and banned:
+            where = f"{banned[0].path}:{banned[0].line}"
+            return self.warned(
+                "nouveau", f"nouveau is bound to {len(taken)} NVIDIA GPU(s) "
+                f"({', '.join(taken[:4])}) although {where} blacklists it: reboot pending "
+                "(and rebuild the initramfs if nouveau is loaded from it)",
+                observed="nouveau", expected="nvidia",
+                evidence={"gpus": " ".join(taken), "blacklist": where})
         if taken:
             return self.failed(
                 "nouveau", f"nouveau is bound to {len(taken)} NVIDIA GPU(s) "

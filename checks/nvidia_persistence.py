@@ -122,6 +122,14 @@ class NvidiaPersistence(Check[CheckOptions]):
                 "collected)"
         ev["argv"] = " ".join(argv)[:1024]
         ev["argv_from"] = source
+        if FLAG in argv and process.argv is not None and unit.exec_start and \
+                FLAG not in unit.exec_start:
+            return self.warned(
+                COMM, f"nvidia-persistenced runs with {FLAG} ({source}), which "
+                f"{unit.exec_start_at} no longer passes: restart it (systemctl restart "
+                f"{UNIT}) to keep the GPUs initialised", observed=FLAG,
+                expected="persistence mode on", evidence=ev,
+                fix=f"systemctl restart {UNIT}")
         if FLAG in argv:
             return self.warned(
                 COMM, f"nvidia-persistenced runs with {FLAG} ({source}): it keeps no GPU "

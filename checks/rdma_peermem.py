@@ -120,6 +120,13 @@ class RdmaPeermem(Check[CheckOptions]):
                 f"({why}, so there is no DMA-BUF path): after a reboot NCCL stages RDMA "
                 "through host memory", observed="not loaded at boot", expected="loaded at boot",
                 evidence=ev, fix=f"nvidia-peermem in {CONF}")
+        if at_boot:
+            return self.warned(
+                "gpudirect", f"{what}: {at_boot} loads nvidia-peermem at boot but it is not "
+                f"loaded now ({why}): until it is (modprobe nvidia-peermem) or the host "
+                "reboots, NCCL stages inter-node traffic through host memory",
+                observed="not loaded", expected="nvidia_peermem loaded", evidence=ev,
+                fix="modprobe nvidia-peermem")
         ib_core = host.exists("/sys/module/ib_core")
         tail = "" if ib_core else " (ib_core is not loaded either: the RDMA stack comes first)"
         return self.warned(

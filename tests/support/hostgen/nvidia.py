@@ -58,6 +58,10 @@ class DriverSpec:
     gpu_device: int = H100
     nvswitches: int = 0
     rdma_nics: int = 0
+    #: AMD Instinct GPUs (MI300X, class 0x1200) driven by amdgpu.
+    amd_gpus: int = 0
+    #: Kernels whose modules.dep lacks amdgpu (Ubuntu without linux-modules-extra).
+    without_amdgpu: tuple[str, ...] = ()
     #: ``grub``, ``bls``, ``systemd-boot`` (proxmox-boot-tool) or ``kernel-install``.
     boot: str = "grub"
     #: Tokens configured for the boot line (GRUB_CMDLINE_LINUX_DEFAULT, BLS options...).
@@ -68,6 +72,9 @@ class DriverSpec:
     grub_d: dict[str, str] = field(default_factory=dict)
     #: Write grub.cfg from the configured tokens (False: left as booted).
     grub_cfg_current: bool = True
+    #: The tokens update-grub wrote into grub.cfg, where they are not just ``configured``
+    #: (drop-ins, tuned).
+    generated: tuple[str, ...] | None = None
     tuned: tuple[str, ...] = ()
     #: Live uvm_disable_hmm (``Y``/``N``), None: nvidia_uvm not loaded.
     uvm_disable_hmm: str | None = "N"
@@ -92,6 +99,8 @@ class DriverSpec:
     reboot_required: tuple[str, ...] = ()
     operator: bool = False
     nouveau: bool = False
+    #: The nvidia module is loaded (False: GPUs without a driver bound).
+    module_loaded: bool = True
     #: ``vm`` for a KVM guest, ``container`` for an LXC container, "" bare metal.
     environment: str = ""
     kaslr: bool = True
@@ -192,6 +201,9 @@ def _kernel(tree: Tree, spec: DriverSpec, release: str) -> None:
             "kernel/drivers/infiniband/core/ib_core.ko.zst",
             "kernel/drivers/infiniband/core/ib_core.ko.zst:",
             "kernel/drivers/gpu/drm/drm.ko.zst:"]
+    if spec.amd_gpus and release not in spec.without_amdgpu:
+        deps.append("kernel/drivers/gpu/drm/amd/amdgpu/amdgpu.ko.zst: "
+                    "kernel/drivers/gpu/drm/drm.ko.zst")
     version = spec.dkms_version.get(release, spec.driver)
     if release not in spec.without_module and spec.gpus:
         if spec.module_origin == "dkms":
@@ -229,7 +241,8 @@ def _boot(tree: Tree, spec: DriverSpec, kernels: list[str]) -> None:
                  f'GRUB_CMDLINE_LINUX_DEFAULT="{configured}"\nGRUB_CMDLINE_LINUX=""\n')
         for name, text in spec.grub_d.items():
             tree.put(f"/etc/default/grub.d/{name}", text)
-        cfg_tokens = configured if spec.grub_cfg_current else booted
+        generated = " ".join(spec.generated) if spec.generated is not None else configured
+        cfg_tokens = generated if spec.grub_cfg_current else booted
         entries = "".join(
             f"menuentry 'Linux {k}' {{\n\tlinux\t/boot/vmlinuz-{k} root=UUID=0a1b2c3d ro "
             f"{cfg_tokens}\n\tinitrd\t/boot/initrd.img-{k}\n}}\n" for k in kernels)
@@ -345,7 +358,7 @@ def build_driver_host(spec: DriverSpec | None = None) -> Tree:
 
     devices_dir = "/proc/driver/nvidia"
     gpu_addresses = [f"0000:{0x19 + 0x10 * i:02x}:00.0" for i in range(spec.gpus)]
-    if spec.gpus:
+    if spec.gpus and spec.module_loaded:
         tree.put(f"{devices_dir}/version", nvrm_line(spec.driver, spec.flavour))
         tree.put(f"{devices_dir}/params", params_text(spec.params))
         tree.put("/sys/module/nvidia/version", spec.driver + "\n")
@@ -353,7 +366,7 @@ def build_driver_host(spec: DriverSpec | None = None) -> Tree:
         tree.put("/sys/module/nvidia_modeset/parameters/hdmi_deepcolor", "Y\n")
         tree.put("/sys/module/nvidia_drm/parameters/modeset", "Y\n")
         tree.put("/sys/module/nvidia_drm/parameters/fbdev", "Y\n")
-    if spec.uvm_disable_hmm is not None and spec.gpus:
+    if spec.uvm_disable_hmm is not None and spec.gpus and spec.module_loaded:
         for name, value in (("uvm_disable_hmm", spec.uvm_disable_hmm), ("uvm_perf_prefetch_enable",
                                                                        "1"),
                             ("uvm_ats_mode", "1")):
@@ -362,7 +375,9 @@ def build_driver_host(spec: DriverSpec | None = None) -> Tree:
         tree.put(f"/sys/module/{module}/parameters/{name}", value + "\n")
     for index, address in enumerate(gpu_addresses):
         _pci(tree, address, 0x10DE, spec.gpu_device, 0x030200,
-             "nouveau" if spec.nouveau else "nvidia", index=index)
+             "nouveau" if spec.nouveau else "nvidia" if spec.module_loaded else "", index=index)
+        if not spec.module_loaded:
+            continue
         tree.put(f"{devices_dir}/gpus/{address}/information",
                  f"Model: \t\t NVIDIA GPU\nIRQ:   \t\t 0\nGPU UUID: \t "
                  f"GPU-{index:08x}-1111-2222-3333-444455556666\nBus Location: \t {address}\n"
@@ -388,6 +403,9 @@ def build_driver_host(spec: DriverSpec | None = None) -> Tree:
         tree.links[f"{directory}/infiniband/mlx5_{index}/device"] = "../../../" + address
     if spec.rdma_nics:
         tree.put("/sys/module/ib_core/refcnt", "4\n")
+    for index in range(spec.amd_gpus):
+        _pci(tree, f"0000:{0x1f + 0x10 * index:02x}:00.0", 0x1002, 0x74A1, 0x120000, "amdgpu",
+             index=index)
     if spec.peermem:
         tree.put("/sys/module/nvidia_peermem/refcnt", "0\n")
         tree.put("/sys/module/nvidia_peermem/parameters/peerdirect_support", "0\n")
