@@ -33,14 +33,19 @@ UDEVD = next((p for p in ("/lib/systemd/systemd-udevd", "/usr/lib/systemd/system
 AUDIT = str(Path(sys.executable).with_name("audit"))
 
 
+DRIVER_CHECKS = {"kernel.version", "nvidia.uvm_hmm", "nvidia.modparams", "nvidia.driver",
+                 "nvidia.persistence", "nvidia.fabricmanager", "rdma.peermem", "container.cdi"}
+
+
 def test_pci_events_rerun_mrrs_and_nvidia_events_rerun_driver_checks() -> None:
-    assert affected_checks(DeviceEvent("change", "pci", "0000:00:03.0")) == {"pcie.mrrs"}
+    assert affected_checks(DeviceEvent("change", "pci", "0000:00:03.0")) == {
+        "pcie.mrrs", "nvidia.fabricmanager", "rdma.peermem"}
     gpu_bind = DeviceEvent("bind", "pci", "0000:41:00.0", driver="nvidia", vendor="0x10de")
-    assert affected_checks(gpu_bind) == {"pcie.mrrs", "lxc.device_majors", "kernel.version"}
+    assert affected_checks(gpu_bind) == {"pcie.mrrs", "lxc.device_majors", *DRIVER_CHECKS}
     module = DeviceEvent("add", "module", "nvidia_uvm")
-    assert affected_checks(module) == {"lxc.device_majors", "kernel.version"}
+    assert affected_checks(module) == {"lxc.device_majors", *DRIVER_CHECKS}
     node = DeviceEvent("add", "nvidia-caps", "nvidia-cap1", node="/dev/nvidia-caps/nvidia-cap1")
-    assert affected_checks(node) == {"lxc.device_majors"}
+    assert affected_checks(node) == {"lxc.device_majors", "container.cdi"}
     assert affected_checks(DeviceEvent("add", "module", "virtio_net")) == frozenset()
     assert affected_checks(DeviceEvent("change", "block", "vda")) == frozenset()
 
