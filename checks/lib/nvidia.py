@@ -24,6 +24,7 @@ checks. Sources:
 
 from __future__ import annotations
 
+import fnmatch
 import re
 from dataclasses import dataclass
 
@@ -180,12 +181,19 @@ LIBRARY_DIRS = (
     "/usr/lib/aarch64-linux-gnu",
     "/usr/lib/x86_64-linux-gnu/nvidia/current",
     "/usr/lib/aarch64-linux-gnu/nvidia/current",
+    "/lib/x86_64-linux-gnu",
+    "/lib/aarch64-linux-gnu",
     "/usr/lib64",
     "/lib64",
     "/usr/lib",
+    "/usr/local/lib/x86_64-linux-gnu",
+    "/usr/local/lib",
     "/usr/local/nvidia/lib64",
     "/usr/local/nvidia/lib",
 )
+#: Directories ld.so.conf may name that are searched too (a collection carries their
+#: soname links): vendor trees under /usr/local and /opt. Others are listed as unsearched.
+LD_SO_CONF_PATTERNS = ("/usr/local/*/lib64", "/usr/local/*/lib", "/opt/*/lib64", "/opt/*/lib")
 #: The GPU Operator's driver container keeps its root here.
 OPERATOR_ROOT = "/run/nvidia/driver"
 LD_SO_CONF = "/etc/ld.so.conf"
@@ -197,6 +205,7 @@ USERSPACE_READS: tuple[str, ...] = (
     LD_SO_CONF_D,
     *(f"{root}{d}/{lib}.1" for root in ("", OPERATOR_ROOT) for d in LIBRARY_DIRS
       for lib in LIBRARIES),
+    *(f"{d}/{lib}.1" for d in LD_SO_CONF_PATTERNS for lib in LIBRARIES),
 )
 _LIB_VERSION = re.compile(
     r"(libcuda\.so|libnvidia-ml\.so)\.([0-9]{1,4}\.[0-9]{1,4}(?:\.[0-9]{1,4})?)")
@@ -256,10 +265,19 @@ def ld_so_conf_dirs(host: Host) -> list[str]:
     return list(dict.fromkeys(found))
 
 
+def _in_patterns(directory: str) -> bool:
+    parts = directory.strip("/").split("/")
+    return any(len(parts) == len(p.strip("/").split("/")) and all(
+        fnmatch.fnmatchcase(a, b) for a, b in zip(parts, p.strip("/").split("/"), strict=True))
+        for p in LD_SO_CONF_PATTERNS)
+
+
 def _read_userspace(host: Host) -> Userspace:
     libraries: list[Library] = []
+    configured = ld_so_conf_dirs(host)
+    extra = tuple(d for d in configured if _in_patterns(d) and "/compat" not in d)
     for root, label in (("", "host"), (OPERATOR_ROOT, "gpu-operator")):
-        for directory in LIBRARY_DIRS:
+        for directory in (*LIBRARY_DIRS, *(extra if not root else ())):
             for lib in LIBRARIES:
                 link = f"{root}{directory}/{lib}.1"
                 try:
@@ -269,9 +287,8 @@ def _read_userspace(host: Host) -> Userspace:
                 match = _LIB_VERSION.fullmatch(resolved.rsplit("/", 1)[-1])
                 if match and host.exists(resolved):
                     libraries.append(Library(lib, match.group(2), resolved, label))
-    searched = set(LIBRARY_DIRS)
-    unsearched = tuple(d for d in ld_so_conf_dirs(host)
-                       if d not in searched and "/compat" not in d)
+    searched = {*LIBRARY_DIRS, *extra}
+    unsearched = tuple(d for d in configured if d not in searched and "/compat" not in d)
     return Userspace(tuple(dict.fromkeys(libraries)), unsearched)
 
 

@@ -223,3 +223,16 @@ def test_inside_a_container_no_kernel_is_advised(tmp_path: Path) -> None:
     found = judge(KernelVersion, root)
     assert {f.status for f in found.values()} == {Status.SKIP}
     assert "the kernel and its modules are the host's" in found["kernel"].message
+
+
+def test_ld_so_conf_directories_are_searched_or_named(tmp_path: Path) -> None:
+    root = node(tmp_path)
+    (root / "etc/ld.so.conf.d/nvidia.conf").write_text("/opt/nvidia/lib64\n/srv/custom/lib\n")
+    lib = root / "opt/nvidia/lib64"
+    lib.mkdir(parents=True)
+    (lib / "libcuda.so.550.90.07").write_bytes(b"\x7fELF")
+    (lib / "libcuda.so.1").symlink_to("libcuda.so.550.90.07")
+    found = judge(NvidiaDriver, root)["userspace"]
+    assert found.status is Status.FAIL
+    assert "/opt/nvidia/lib64/libcuda.so.550.90.07" in found.message
+    assert dict(found.evidence)["ld_so_conf_unsearched"] == "/srv/custom/lib"
