@@ -106,6 +106,9 @@ def upgrade_command(
         # Another Ubuntu line (-nvidia, -nvidia-64k, a cloud's): its own metapackage, never
         # the generic HWE kernel.
         return ("apt", "install", "--only-upgrade", f"linux-{flavour}")
+    if line.name == "vanilla":
+        # A kernel built from upstream sources: the distribution's kernel is another line.
+        return ()
     if "debian" in ids:
         codename = os_release.get("VERSION_CODENAME", "") or _codename(os_release)
         if safe_word(codename):

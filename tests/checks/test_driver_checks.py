@@ -236,3 +236,30 @@ def test_ld_so_conf_directories_are_searched_or_named(tmp_path: Path) -> None:
     assert found.status is Status.FAIL
     assert "/opt/nvidia/lib64/libcuda.so.550.90.07" in found.message
     assert dict(found.evidence)["ld_so_conf_unsearched"] == "/srv/custom/lib"
+
+
+DRIVER_CHECKS = (KernelVersion, NvidiaUvmHmm, NvidiaModparams, NvidiaDriver, NvidiaPersistence,
+                 NvidiaFabricmanager, RdmaPeermem, ContainerCdi)
+
+
+@pytest.mark.parametrize("spec", [
+    DriverSpec(userspace="580.105.08", unattended=True, cdi=("550.90.07", 8), rdma_nics=2,
+               flavour="proprietary", installed=(NEXT,), without_module=(NEXT,)),
+    DriverSpec(nvswitches=4, fabricmanager="running", persistenced="no-persistence",
+               gpu_device=RTX_PRO_6000, modprobe={
+                   "/etc/modprobe.d/nvidia.conf": "options nvidia NVreg_EnableResizableBar=1\n"}),
+], ids=["mid-upgrade", "hgx"])
+def test_a_collection_of_the_declared_reads_judges_alike(tmp_path: Path, spec: DriverSpec) -> None:
+    """Collected by their reads alone (as over SSH or in a snapshot), the checks judge alike."""
+    from auditor.hosts.archive import ArchiveHost
+    from auditor.hosts.collect import collect_tar
+    from auditor.registry import collected_paths
+
+    root = node(tmp_path, spec)
+    whole = {(f.check, f.subject): f.status for c in DRIVER_CHECKS
+             for f in c().evaluate(DirectoryHost(str(root)))}
+    narrowed = ArchiveHost(collect_tar(collected_paths(DRIVER_CHECKS), root=str(root)), "n")
+    replayed = {(f.check, f.subject): f.status for c in DRIVER_CHECKS
+                for f in c().evaluate(narrowed)}
+    assert replayed == whole
+    assert Status.FAIL in whole.values()
