@@ -138,6 +138,7 @@ UBUNTU_SERIES: Mapping[str, tuple[str, tuple[str, ...]]] = {
     "20.04": ("5.4", ("5.15",)),
     "22.04": ("5.15", ("5.17", "5.19", "6.2", "6.5", "6.8")),
     "24.04": ("6.8", ("6.11", "6.14", "6.17")),
+    "26.04": ("7.0", ()),
 }
 #: Debian releases and their kernel series.
 DEBIAN_SERIES: Mapping[str, str] = {"bullseye": "5.10", "bookworm": "6.1", "trixie": "6.12"}

@@ -1,4 +1,4 @@
-"""checks/lib/cdi: specs parsed with PyYAML / json, bounded, priorities and conflicts; the lazy import."""
+"""checks/lib/cdi: specs parsed with PyYAML or json, bounded; priorities, conflicts, lazy import."""
 
 from __future__ import annotations
 

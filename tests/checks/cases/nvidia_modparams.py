@@ -7,6 +7,7 @@ from tests.support.sysroot import Sysroot
 
 CHECK = "nvidia.modparams"
 CONF = "/etc/modprobe.d/nvidia.conf"
+BAR = {CONF: "options nvidia NVreg_EnableResizableBar=1\n"}
 
 
 def container(root: Sysroot) -> None:
@@ -16,12 +17,12 @@ def container(root: Sysroot) -> None:
 CASES = [
     Case("no option configured", Status.PASS, base=driver_host()),
     Case("NVreg_EnableResizableBar=1 is live", Status.PASS,
-         base=driver_host(DriverSpec(modprobe={CONF: "options nvidia NVreg_EnableResizableBar=1\n"},
-                                     params={"EnableResizableBar": "1"}))),
+         base=driver_host(DriverSpec(modprobe=BAR, params={"EnableResizableBar": "1"}))),
     Case("NVreg_EnableResizableBar=1 configured, 0 live", Status.WARN,
-         base=driver_host(DriverSpec(modprobe={CONF: "options nvidia NVreg_EnableResizableBar=1\n"}))),
+         base=driver_host(DriverSpec(modprobe=BAR))),
     Case("a misspelt option the driver ignored", Status.WARN,
-         base=driver_host(DriverSpec(modprobe={CONF: "options nvidia NVreg_EnableResizeableBar=1\n"}))),
+         base=driver_host(DriverSpec(modprobe={
+             CONF: "options nvidia NVreg_EnableResizeableBar=1\n"}))),
     Case("RegistryDwords configured, empty live, modules in the initramfs", Status.WARN,
          base=driver_host(DriverSpec(initramfs_nvidia=True, modprobe={
              CONF: 'options nvidia NVreg_RegistryDwords="ForceP2P=0x11;RMForceP2PType=1"\n'}))),
@@ -36,7 +37,7 @@ CASES = [
          base=driver_host(DriverSpec(configured=("quiet", "nvidia_uvm.uvm_perf_prefetch_enable=0"),
                                      booted=("quiet", "nvidia_uvm.uvm_perf_prefetch_enable=0")))),
     Case("inside a container", Status.SKIP, container,
-         base=driver_host(DriverSpec(modprobe={CONF: "options nvidia NVreg_EnableResizableBar=1\n"}))),
+         base=driver_host(DriverSpec(modprobe=BAR))),
     Case("no NVIDIA module", Status.SKIP,
          base=driver_host(DriverSpec(gpus=0, uvm_disable_hmm=None))),
 ]

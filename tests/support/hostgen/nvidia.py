@@ -210,7 +210,8 @@ def _kernel(tree: Tree, spec: DriverSpec, release: str) -> None:
             where = "updates/dkms"
             built = f"/var/lib/dkms/nvidia/{version}/{release}/x86_64/module"
             tree.put(f"{built}/nvidia.ko.zst", b"module")
-            tree.links[f"/var/lib/dkms/nvidia/kernel-{release}-x86_64"] = f"{version}/{release}/x86_64"
+            link = f"/var/lib/dkms/nvidia/kernel-{release}-x86_64"
+            tree.links[link] = f"{version}/{release}/x86_64"
         elif spec.module_origin == "precompiled":
             branch = version.split(".")[0]
             where = f"kernel/nvidia-{branch}{'-open' if spec.flavour == 'open' else ''}"
