@@ -167,6 +167,7 @@ class KernelVersion(Check[KernelOptions]):
         OS_RELEASE,
         *nvidia.DRIVER_READS,
         *nvidia.USERSPACE_READS,
+        nvidia.OPERATOR_ROOT,
         *packages.DPKG_READS,
         *pci.DEVICE_READS,
         *ENVIRONMENT_READS,
@@ -339,8 +340,8 @@ class KernelVersion(Check[KernelOptions]):
                 "open or the proprietary module is loaded", evidence=ev)
         said = (f"supports its {len(blackwell)} Blackwell GPU(s)" if blackwell
                 else f"no Blackwell GPU among {len(gpus)} NVIDIA GPU(s)")
-        nextsaid = (f"; the next boot's kernel {ev['next_boot']} carries the module"
-                    if ev.get("next_boot_module") else "")
+        nextsaid = (f"; the next boot's kernel {ev['next_boot']} gets the module from "
+                    f"{ev['next_boot_module']}" if ev.get("next_boot_module") else "")
         return self.passed(
             "nvidia-driver", f"{described}; {said}{nextsaid}" if not blackwell else
             f"{described} {said}{nextsaid}",
@@ -352,9 +353,14 @@ class KernelVersion(Check[KernelOptions]):
         """Judge the nvidia module of the kernel the next boot starts."""
         if nxt is None:
             return []
-        search = kernels.gpu_modules(host, nxt.release, "nvidia")
         ev["next_boot"] = nxt.release
         ev["next_boot_how"] = nxt.how
+        if host.exists(nvidia.OPERATOR_ROOT):
+            # The GPU Operator's driver container builds and loads the module at every boot,
+            # from its own tree: the host's modules.dep never lists it.
+            ev["next_boot_module"] = "the GPU Operator's driver container"
+            return []
+        search = kernels.gpu_modules(host, nxt.release, "nvidia")
         if not search.indexed:
             ev["next_boot_module"] = ""
             return []

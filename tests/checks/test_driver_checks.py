@@ -263,3 +263,11 @@ def test_a_collection_of_the_declared_reads_judges_alike(tmp_path: Path, spec: D
                 for f in c().evaluate(narrowed)}
     assert replayed == whole
     assert Status.FAIL in whole.values()
+
+
+def test_the_gpu_operator_brings_its_own_module(tmp_path: Path) -> None:
+    root = node(tmp_path, DriverSpec(operator=True, installed=(NEXT,),
+                                     without_module=("6.8.0-45-generic", NEXT)))
+    found = judge(KernelVersion, root)["nvidia-driver"]
+    assert found.status is Status.PASS
+    assert "gets the module from the GPU Operator's driver container" in found.message
