@@ -1,8 +1,15 @@
 """Reports in the Prometheus text exposition format, for node_exporter's textfile collector.
 
-Write the output to ``<textfile dir>/host_auditor.prom`` (through a temporary file and a
-rename, as node_exporter asks). Every label value read from a host is untrusted and is
-escaped as the format requires: backslash, double quote and line feed.
+Write the output to ``<textfile dir>/host_auditor.prom`` (``-o`` writes through a
+dot-file and a rename, as node_exporter asks), one file per node. Every label value read
+from a host is untrusted and is escaped as the format requires: backslash, double quote
+and line feed. No sample carries a timestamp (node_exporter skips a whole file that has
+one), and the HELP text of each metric is fixed here: node_exporter fails the scrape when
+two files give one metric different HELP (prometheus/node_exporter collector/textfile.go).
+
+Raw counts a check keeps (the kernel's AER error counters, say) are exported as
+counters from the findings' evidence (:data:`COUNTER_FAMILIES`), so alerts can use
+``increase()`` where a verdict alone hides a slow rise.
 """
 
 from __future__ import annotations
@@ -10,12 +17,57 @@ from __future__ import annotations
 import datetime as dt
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from auditor.model import Report, Status, fingerprint
 
 #: Status codes of ``host_auditor_check_status``: higher is worse (``Status.order``).
 STATUS_CODES = {status: status.order for status in Status}
 _SURROGATES = re.compile("[\ud800-\udfff]")
+
+#: The HELP text of every metric: fixed, so files written by two versions agree.
+HELP = {
+    "host_auditor_finding":
+        "One series per check and subject; the status label holds the verdict.",
+    "host_auditor_check_status":
+        "Worst status of each check (0 pass, 1 skip, 2 warn, 3 fail, 4 error).",
+    "host_auditor_findings": "Number of findings of each status.",
+    "host_auditor_up": "1 if the host could be audited, 0 if not.",
+    "host_auditor_last_run_timestamp_seconds": "When the audit started (Unix time).",
+    "host_auditor_duration_seconds": "How long the audit took.",
+    "host_auditor_tuning_info": "Fingerprint of the host's tuned state (audit fingerprint).",
+}
+
+
+@dataclass(frozen=True)
+class CounterFamily:
+    """Raw counts a check keeps in its findings' evidence, exported as one counter.
+
+    A finding of ``check`` whose evidence has the key ``<prefix><kind>`` with a whole
+    number gives the sample ``<metric>{host, subject, <label>="<kind>"} <number>``.
+    """
+
+    metric: str
+    check: str
+    prefix: str
+    label: str
+    help: str
+
+
+#: The counters checks export. ``pcie.aer`` keeps each of the kernel's AER counters of a
+#: PCIe function in its findings' evidence as ``aer.<name>`` (``aer.RxErr``,
+#: ``aer.TOTAL_ERR_FATAL``, ...: Documentation/ABI/testing/sysfs-bus-pci-devices-aer);
+#: they reset only at reboot, which ``increase()`` handles.
+COUNTER_FAMILIES: tuple[CounterFamily, ...] = (
+    CounterFamily(
+        metric="host_auditor_pcie_aer_errors_total",
+        check="pcie.aer",
+        prefix="aer.",
+        label="kind",
+        help="AER errors the kernel counted on a PCIe function since boot, by counter.",
+    ),
+)
+_COUNT = re.compile(r"[0-9]{1,20}")
 
 
 def escape_label(value: str) -> str:
@@ -35,9 +87,30 @@ def _timestamp(started: str) -> float | None:
         return None
 
 
+def _counter_lines(reports: Sequence[Report], family: CounterFamily) -> list[str]:
+    lines: list[str] = []
+    seen: set[tuple[str, str, str]] = set()
+    for report in reports:
+        for finding in report.findings:
+            if finding.check != family.check:
+                continue
+            for key, value in finding.evidence:
+                if not key.startswith(family.prefix) or not _COUNT.fullmatch(value.strip()):
+                    continue
+                kind = key[len(family.prefix):]
+                series = (report.host, finding.subject, kind)
+                if not kind or series in seen:  # a series must be unique
+                    continue
+                seen.add(series)
+                labels = _labels([("host", report.host), ("subject", finding.subject),
+                                  (family.label, kind)])
+                lines.append(f"{family.metric}{labels} {int(value)}")
+    return lines
+
+
 def render_prometheus(reports: Sequence[Report]) -> str:
-    """Render reports as gauges: one per finding, one per check, counts and run facts."""
-    codes = ", ".join(f"{code} {status.value}" for status, code in STATUS_CODES.items())
+    """Render reports as gauges (one per finding, one per check, counts, run facts) and the
+    counters checks keep."""
     finding_lines: list[str] = []
     check_lines: list[str] = []
     count_lines: list[str] = []
@@ -76,23 +149,23 @@ def render_prometheus(reports: Sequence[Report]) -> str:
             stamp_labels = _labels([("host", host), ("fingerprint", fingerprint(report))])
             info_lines.append(f"host_auditor_tuning_info{stamp_labels} 1")
     blocks = [
-        ("host_auditor_finding",
-         "One series per check and subject; the status label holds the verdict.",
-         finding_lines),
-        ("host_auditor_check_status", f"Worst status of each check ({codes}).", check_lines),
-        ("host_auditor_findings", "Number of findings of each status.", count_lines),
-        ("host_auditor_up", "1 if the host could be audited, 0 if not.", up_lines),
-        ("host_auditor_last_run_timestamp_seconds", "When the audit started (Unix time).",
-         time_lines),
-        ("host_auditor_duration_seconds", "How long the audit took.", duration_lines),
-        ("host_auditor_tuning_info", "Fingerprint of the host's tuned state (audit fingerprint).",
-         info_lines),
+        ("host_auditor_finding", HELP["host_auditor_finding"], "gauge", finding_lines),
+        ("host_auditor_check_status", HELP["host_auditor_check_status"], "gauge", check_lines),
+        ("host_auditor_findings", HELP["host_auditor_findings"], "gauge", count_lines),
+        ("host_auditor_up", HELP["host_auditor_up"], "gauge", up_lines),
+        ("host_auditor_last_run_timestamp_seconds",
+         HELP["host_auditor_last_run_timestamp_seconds"], "gauge", time_lines),
+        ("host_auditor_duration_seconds", HELP["host_auditor_duration_seconds"], "gauge",
+         duration_lines),
+        ("host_auditor_tuning_info", HELP["host_auditor_tuning_info"], "gauge", info_lines),
     ]
+    blocks += [(family.metric, family.help, "counter", _counter_lines(reports, family))
+               for family in COUNTER_FAMILIES]
     out: list[str] = []
-    for name, help_text, lines in blocks:
+    for name, help_text, kind, lines in blocks:
         if not lines:
             continue
         out.append(f"# HELP {name} {help_text}")
-        out.append(f"# TYPE {name} gauge")
+        out.append(f"# TYPE {name} {kind}")
         out.extend(lines)
     return "\n".join(out) + "\n"

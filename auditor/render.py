@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from auditor.fix import FixPlan
     from auditor.fleet import FleetView
 
-FORMATS = ("text", "json", "markdown", "html", "junit", "prometheus")
+#: Report formats; ``line`` and ``nfd`` are the engines' own (:mod:`auditor.engines`).
+FORMATS = ("text", "json", "markdown", "html", "junit", "prometheus", "line", "nfd")
 _TEMPLATES = {
     "text": "report.txt.j2",
     "markdown": "report.md.j2",
@@ -179,6 +180,10 @@ def render_reports(
         from auditor.prom import render_prometheus
 
         return render_prometheus(reports)
+    if fmt in ("line", "nfd"):
+        from auditor import engines
+
+        return engines.render_line(reports) if fmt == "line" else engines.render_nfd(reports)
     kind: Kind = {"html": "html", "junit": "xml"}.get(fmt, "text")  # type: ignore[assignment]
     env = make_environment(kind, colour=colour and fmt == "text")
     template = env.get_template(_TEMPLATES[fmt])
@@ -236,11 +241,11 @@ def render_fleet_table(reports: Sequence[Report], colour: bool = False) -> str:
     )
 
 
-FLEET_FORMATS = ("text", "json", "html", "prometheus")
+FLEET_FORMATS = ("text", "json", "html", "prometheus", "line")
 
 
 def render_merge(view: FleetView, fmt: str, *, limit: int = 10) -> str:
-    """Render the fleet report of ``audit merge``: text, json, html or prometheus."""
+    """Render the fleet report of ``audit merge``: text, json, html, prometheus or line."""
     if fmt == "json":
         # One host at a time: the whole fleet as dicts at once would triple the memory.
         head = json.dumps(view.to_dict(hosts=False), indent=1, ensure_ascii=False)
@@ -250,6 +255,10 @@ def render_merge(view: FleetView, fmt: str, *, limit: int = 10) -> str:
         from auditor.prom import render_prometheus
 
         return render_prometheus(view.hosts)
+    if fmt == "line":
+        from auditor.engines import render_line
+
+        return render_line(view.hosts)
     if fmt not in FLEET_FORMATS:
         raise ValueError(f"unknown fleet format {fmt!r}")
     env = make_environment("html" if fmt == "html" else "text")

@@ -8,7 +8,9 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     need=()
     for pair in lspci:pciutils setpci:pciutils sshd:openssh-server ssh:openssh-client \
                 ssh-keygen:openssh-client udevadm:udev shellcheck:shellcheck ip:iproute2 \
-                tc:iproute2 sudo:sudo chromium:chromium; do
+                tc:iproute2 sudo:sudo chromium:chromium \
+                prometheus-node-exporter:prometheus-node-exporter munged:munge \
+                slurmctld:slurmctld slurmd:slurmd scontrol:slurm-client srun:slurm-client; do
         cmd=${pair%%:*} pkg=${pair#*:}
         command -v "$cmd" >/dev/null 2>&1 || [ -x "/usr/sbin/$cmd" ] || need+=("$pkg")
     done
@@ -23,6 +25,6 @@ fi
 
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
-.venv/bin/ruff check auditor checks remediations tests bench
+.venv/bin/ruff check auditor checks remediations tests bench ansible
 .venv/bin/mypy
 exec .venv/bin/python -m pytest "$@"

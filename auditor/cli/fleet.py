@@ -119,7 +119,8 @@ def merge_command(
     results: Annotated[list[str], typer.Argument(
         help="Per-host JSON reports (audit local --format json), or directories of them.",
         metavar="RESULTS...")],
-    fmt: Annotated[str, typer.Option("--format", "-f", help="text, json, html or prometheus.",
+    fmt: Annotated[str, typer.Option("--format", "-f",
+                                     help="text, json, html, prometheus or line.",
                                      metavar="FORMAT")] = "text",
     output: OutputOpt = None,
     golden: Annotated[

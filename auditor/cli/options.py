@@ -70,7 +70,8 @@ def handle_errors(debug: bool = False) -> Iterator[None]:
 
 FormatOpt = Annotated[
     str,
-    typer.Option("--format", "-f", help="text, json, markdown, html, junit or prometheus.",
+    typer.Option("--format", "-f", help="text, json, markdown, html, junit, prometheus, line "
+                 "(one line per host, at most 80 bytes) or nfd (node-feature-discovery labels).",
                  metavar="FORMAT"),
 ]
 OutputOpt = Annotated[
@@ -186,14 +187,15 @@ def prepare(options: AuditOptions) -> tuple[list[CheckClass], Policy]:
 
 
 def write_output(text: str, output: str | None) -> None:
-    """Write rendered text to a file, or to stdout."""
+    """Write rendered text to stdout, or to a file through a dot-file and a rename."""
+    from auditor.engines import write_atomic
+
     if output is None or output == "-":
         sys.stdout.write(text)
         sys.stdout.flush()
         return
     try:
-        with open(output, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        write_atomic(output, text)
     except OSError as exc:
         fatal(f"{output}: cannot write report ({exc.strerror})", EXIT_USAGE)
 
@@ -216,7 +218,8 @@ def emit(reports: Sequence[Report], options: AuditOptions) -> int:
         and sys.stdout.isatty()
         and "NO_COLOR" not in os.environ
     )
-    text = render_reports(reports, options.fmt, fail_on=options.fail_on, colour=colour)
+    with handle_errors(options.debug):
+        text = render_reports(reports, options.fmt, fail_on=options.fail_on, colour=colour)
     if options.fmt == "text" and len(reports) > 1:
         text += "\n" + render_fleet_table(reports, colour=colour)
     write_output(text, options.output)

@@ -83,6 +83,11 @@ class Host(ABC):
             return facts[key]  # type: ignore[return-value]
         return facts.setdefault(key, compute(self))  # type: ignore[return-value]
 
+    def forget(self) -> None:
+        """Drop what was learned about the host's files (they were read again: a re-audit)."""
+        self.__dict__.pop("_facts", None)
+        self.__dict__.pop("_resolved_dirs", None)
+
     def processes(self) -> frozenset[str] | None:
         """Return the names of running processes, or None where they cannot be seen."""
         return None

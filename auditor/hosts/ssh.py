@@ -450,6 +450,7 @@ class SshHost(Host):
         self.collection = collection
         self.privilege_note = collection.privilege_note
         self._archive = ArchiveHost(collection.tar, self.spec.display, name=None)
+        self.forget()  # a second collection (the audit after a fix) starts afresh
         hostname = (self._archive.read_optional("/etc/hostname")
                     or self._archive.read_optional("/proc/sys/kernel/hostname"))
         self.name = _clean_name(hostname) or self.spec.display

@@ -104,3 +104,20 @@ def test_checks_and_explain_list_every_check() -> None:
         assert explained.returncode == 0
         assert "Why it matters for inference:" in explained.stdout
         assert "How it is fixed:" in explained.stdout
+
+
+def test_an_internal_error_is_one_line_and_exit_4(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import auditor.render
+
+    def broken(*args: object, **kwargs: object) -> str:
+        raise RuntimeError("renderer\nbroke")
+
+    monkeypatch.setattr(auditor.render, "render_reports", broken)
+    assert main(["local", "--root", str(CAPTURES["h200"])]) == 4
+    err = capsys.readouterr().err
+    assert err == ("audit: internal error: RuntimeError: renderer broke "
+                   "(run with --debug for the traceback)\n")
+    with pytest.raises(RuntimeError, match="renderer"):
+        main(["local", "--root", str(CAPTURES["h200"]), "--debug"])

@@ -109,16 +109,6 @@ def statuses(report: Report, check: str) -> set[Status]:
     return {f.status for f in report.findings if f.check == check}
 
 
-def has_check(check_id: str) -> bool:
-    return any(c.id == check_id for c in load_checks())
-
-
-def require_check(check_id: str) -> None:
-    """Skip a test that re-audits with a check this build does not have."""
-    if not has_check(check_id):
-        pytest.skip(f"check {check_id} is not registered in this build")
-
-
 def fix_cycle(root: Sysroot, tmp: Path, report: Report | None = None
               ) -> tuple[FixPlan, Path, Path, Path, str]:
     """Plan a fix, copy the sysroot, run the fix once; return plan, scripts, copy, hash before."""
