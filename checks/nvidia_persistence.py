@@ -62,6 +62,8 @@ class NvidiaPersistence(Check[CheckOptions]):
         "/proc/[0-9]*/comm",
         "/proc/[0-9]*/cmdline",
         *units.reads(UNIT),
+        *units.UNIT_DIRS,
+        "/run",
         *units.UDEV_RULES,
         *nvidia.DRIVER_READS,
         *pci.DEVICE_READS,
@@ -102,6 +104,12 @@ class NvidiaPersistence(Check[CheckOptions]):
                               "enabled_by": " ".join(unit.enabled_by), "udev_rule": udev}
         at_boot = bool(unit.enabled_by or udev)
         if process is None:
+            if not unit.installed and not host.exists("/run") and not any(
+                    host.exists(d) for d in units.UNIT_DIRS):
+                return self.skipped(
+                    COMM, "neither /run nor a systemd unit directory was read (a capture "
+                    "without them): whether nvidia-persistenced runs cannot be told",
+                    evidence=ev)
             if not unit.installed:
                 return self.warned(
                     COMM, "nvidia-persistenced is not running and not installed: GPUs "

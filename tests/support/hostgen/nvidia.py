@@ -466,6 +466,9 @@ def build_driver_host(spec: DriverSpec | None = None) -> Tree:
         if spec.fabricmanager == "running":
             tree.put("/proc/3121/comm", "nv-fabricmanage\n")
     tree.put("/proc/1/comm", "systemd\n")
+    tree.links["/etc/systemd/system/multi-user.target.wants/ssh.service"] = (
+        f"{unitdir}/ssh.service")
+    tree.put("/run/systemd/journal/socket.note", "")
     tree.put("/proc/815/comm", "sshd\n")
     if spec.distro != "rhel":
         tree.put("/var/lib/dpkg/status", _packages(spec, kernels))
