@@ -42,6 +42,7 @@ MODULE = "nvidia_uvm"
 PARAM = "uvm_disable_hmm"
 LIVE = f"/sys/module/{MODULE}/parameters/{PARAM}"
 MODULE_DIR = f"/sys/module/{MODULE}"
+PROC_DEVICES = "/proc/devices"
 CMDLINE = "/proc/cmdline"
 CONF = "/etc/modprobe.d/nvidia-uvm-hmm.conf"
 CONF_LINE = f"options {MODULE} {PARAM}=1"
@@ -69,6 +70,7 @@ class NvidiaUvmHmm(Check[UvmHmmOptions]):
     reads: ClassVar[tuple[str, ...]] = (
         LIVE,
         MODULE_DIR,
+        PROC_DEVICES,
         CMDLINE,
         kernels.CPUINFO,
         kernels.OSRELEASE,
@@ -126,7 +128,10 @@ class NvidiaUvmHmm(Check[UvmHmmOptions]):
         if env.in_container:
             return self.skipped("nvidia_uvm", f"inside a {env.describe()}: nvidia_uvm and its "
                                 "options are the host's; audit the host", evidence=ev)
-        loaded = host.exists(MODULE_DIR)
+        # The module registers its character device when it loads: /proc/devices tells a
+        # loaded module whose /sys/module entry a capture left out.
+        devices = (host.read_optional(PROC_DEVICES) or "")[:65536].split()
+        loaded = host.exists(MODULE_DIR) or "nvidia-uvm" in devices
         if not gpus and not loaded and setting is None:
             return self.skipped("nvidia_uvm", "no NVIDIA GPU, nvidia_uvm is not loaded and not "
                                 "configured", evidence=ev)
@@ -140,6 +145,9 @@ class NvidiaUvmHmm(Check[UvmHmmOptions]):
         if live is None and loaded:
             return self.skipped("nvidia_uvm", f"nvidia_uvm is loaded but {LIVE} cannot be read",
                                 evidence=ev)
+        if live is None and not arch:
+            return self.skipped("nvidia_uvm", "nvidia_uvm is not loaded and the CPU architecture "
+                                "(which sets its default) cannot be read", evidence=ev)
         # What HMM is now (live) or will be when the module loads (default or configured).
         if live is not None:
             hmm_on = live.strip() in ("N", "n", "0")
