@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from auditor.check import Check, CheckOptions
-from auditor.checks.lib import bootloader, kernels
+from auditor.checks.lib import bootloader, files, kernels
 from auditor.checks.lib.bootloader import Configured, Token, param_key, same_token
 from auditor.environment import READS as ENVIRONMENT_READS
 from auditor.environment import environment
@@ -181,8 +181,8 @@ class BootCmdline(Check[CheckOptions]):
             yield self.skipped("cmdline", reason)
             yield self.skipped("tokens", reason)
             return
-        os_release = parse_os_release(host.read_optional(OS_RELEASE) or "")
-        live_text = (host.read_optional(PROC_CMDLINE) or "")[:8192]
+        os_release = parse_os_release(files.read_optional(host, OS_RELEASE) or "")
+        live_text = (files.read_optional(host, PROC_CMDLINE) or "")[:8192]
         live = live_text.split()[:1024]
         running = kernels.running_kernel(host) or ""
         installed = kernels.installed_kernels(host)

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from typing import ClassVar
 
 from auditor.check import Check, CheckOptions, Trigger
-from auditor.checks.lib import cdi, nvidia, units
+from auditor.checks.lib import cdi, files, nvidia, units
 from auditor.environment import READS as ENVIRONMENT_READS
 from auditor.environment import environment
 from auditor.hosts.base import Host
@@ -77,7 +77,7 @@ def gpu_uuids(host: Host) -> set[str]:
     """Return the UUIDs of the GPUs the driver reports (/proc/driver/nvidia/gpus/*)."""
     found: set[str] = set()
     for path in host.glob(GPU_INFORMATION)[:256]:
-        match = _UUID.search((host.read_optional(path) or "")[:4096])
+        match = _UUID.search((files.read_optional(host, path) or "")[:4096])
         if match:
             found.add(match.group(1))
     return found
@@ -207,7 +207,7 @@ class ContainerCdi(Check[CheckOptions]):
         ev = {"installed": " ".join(u.name for u in found if u.installed),
               "enabled": " ".join(u.name for u in enabled)}
         mode = ""
-        for line in (host.read_optional(TOOLKIT_CONFIG) or "").split("\n")[:1024]:
+        for line in (files.read_optional(host, TOOLKIT_CONFIG) or "").split("\n")[:1024]:
             match = _MODE.match(line)
             if match:
                 mode = match.group(1)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from auditor.check import Check, CheckOptions, Trigger, option
-from auditor.checks.lib import kernels, nvidia, packages, pci
+from auditor.checks.lib import files, kernels, nvidia, packages, pci
 from auditor.checks.lib.kernels import (  # noqa: F401 - kept importable from here
     KERNEL_IMAGES,
     MODULE_DIRS,
@@ -72,7 +72,7 @@ def nvidia_driver(host: Host) -> tuple[str, str] | None:
 
 def os_release_id(host: Host) -> str:
     """Return the ID from /etc/os-release (``debian``, ``ubuntu``), or an empty string."""
-    value = parse_os_release(host.read_optional(OS_RELEASE) or "").get("ID", "")
+    value = parse_os_release(files.read_optional(host, OS_RELEASE) or "").get("ID", "")
     return value if re.fullmatch(r"[a-z0-9._-]{1,64}", value) else ""
 
 
@@ -194,7 +194,7 @@ class KernelVersion(Check[KernelOptions]):
 
     def evaluate(self, host: Host) -> Iterable[Finding]:
         env = environment(host)
-        os_release = parse_os_release(host.read_optional(OS_RELEASE) or "")
+        os_release = parse_os_release(files.read_optional(host, OS_RELEASE) or "")
         distro = os_release_id(host)
         running = running_kernel(host)
         installed = installed_kernels(host)
@@ -428,7 +428,7 @@ class KernelVersion(Check[KernelOptions]):
     ) -> list[Remedy]:
         """Advise the kernel, driver or module to install; nothing runs unless uncommented."""
         remedies: list[Remedy] = []
-        cpuinfo = host.read_optional("/proc/cpuinfo") or ""
+        cpuinfo = files.read_optional(host, "/proc/cpuinfo") or ""
         arch = "arm64" if "CPU implementer" in cpuinfo and "vendor_id" not in cpuinfo else "amd64"
         for finding in findings:
             ev = evidence(finding)

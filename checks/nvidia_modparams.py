@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from auditor.check import Check, CheckOptions, Trigger
-from auditor.checks.lib import modprobe, nvidia
+from auditor.checks.lib import files, modprobe, nvidia
 from auditor.environment import READS as ENVIRONMENT_READS
 from auditor.environment import environment
 from auditor.hosts.base import Host
@@ -207,7 +207,7 @@ class NvidiaModparams(Check[CheckOptions]):
             # A listing with other parameters and not this one: the module has no such
             # parameter. An empty one is a collection that could not read root-only files.
             return Drift(option, None, "unknown" if listed else "unreadable")
-        live = host.read_optional(path)
+        live = files.read_optional(host, path)
         if live is None:
             return Drift(option, None, "unreadable")
         same = same_value(option.value, live)

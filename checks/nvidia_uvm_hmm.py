@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from auditor.check import Check, CheckOptions, Trigger, option
-from auditor.checks.lib import kernels, modprobe, nvidia, pci
+from auditor.checks.lib import files, kernels, modprobe, nvidia, pci
 from auditor.environment import READS as ENVIRONMENT_READS
 from auditor.environment import environment
 from auditor.hosts.base import Host
@@ -106,13 +106,13 @@ class NvidiaUvmHmm(Check[UvmHmmOptions]):
         env = environment(host)
         gpus = [g for g in nvidia.gpus(host) if g.driver not in nvidia.PASSTHROUGH_DRIVERS]
         blackwell = [g for g in gpus if g.device is not None and nvidia.is_blackwell(g.device)]
-        live = host.read_optional(LIVE)
+        live = files.read_optional(host, LIVE)
         config = modprobe.read_config(host)
         setting = config.effective(MODULE).get(PARAM)
         arch = kernels.machine(host)
         release = kernels.running_kernel(host) or ""
         build = kernels.kernel_config(host, release)
-        params = kernel_cmdline_params(host.read_optional(CMDLINE) or "")
+        params = kernel_cmdline_params(files.read_optional(host, CMDLINE) or "")
         ev = {
             "gpus": str(len(gpus)),
             "blackwell": " ".join(f"{g.address}={g.device:#06x}" for g in blackwell
@@ -130,7 +130,7 @@ class NvidiaUvmHmm(Check[UvmHmmOptions]):
                                 "options are the host's; audit the host", evidence=ev)
         # The module registers its character device when it loads: /proc/devices tells a
         # loaded module whose /sys/module entry a capture left out.
-        devices = (host.read_optional(PROC_DEVICES) or "")[:65536].split()
+        devices = (files.read_optional(host, PROC_DEVICES) or "")[:65536].split()
         loaded = host.exists(MODULE_DIR) or "nvidia-uvm" in devices
         if not gpus and not loaded and setting is None:
             return self.skipped("nvidia_uvm", "no NVIDIA GPU, nvidia_uvm is not loaded and not "
@@ -276,10 +276,10 @@ class NvidiaUvmHmm(Check[UvmHmmOptions]):
 
 def modprobe_line(host: Host, setting: modprobe.ModOption) -> str | None:
     """Return the physical line an option was read from, if it is one line, else None."""
-    try:
-        lines = host.read_text(setting.path).split("\n")
-    except OSError:
+    text = files.read_text(host, setting.path)
+    if text is None:
         return None
+    lines = text.split("\n")
     if not 1 <= setting.line <= len(lines):
         return None
     raw = lines[setting.line - 1]

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from typing import ClassVar
 
 from auditor.check import Check, CheckOptions, Trigger
-from auditor.checks.lib import kernels, nvidia, pci
+from auditor.checks.lib import files, kernels, nvidia, pci
 from auditor.environment import READS as ENVIRONMENT_READS
 from auditor.environment import environment
 from auditor.hosts.base import Host
@@ -33,11 +33,11 @@ DMABUF_KERNEL = (5, 12)
 
 def loaded_at_boot(host: Host, modules: Sequence[str]) -> str:
     """Return the file that loads one of ``modules`` at boot (modules-load.d, /etc/modules)."""
-    files = [p for d in MODULES_LOAD_DIRS for p in host.glob(f"{d}/*.conf")[:128]]
-    files.append(ETC_MODULES)
+    found = [p for d in MODULES_LOAD_DIRS for p in host.glob(f"{d}/*.conf")[:128]]
+    found.append(ETC_MODULES)
     wanted = {m.replace("-", "_") for m in modules}
-    for path in files:
-        for line in (host.read_optional(path) or "").split("\n")[:1024]:
+    for path in found:
+        for line in (files.read_optional(host, path) or "").split("\n")[:1024]:
             word = line.split("#", 1)[0].strip().split(" ")[0].replace("-", "_")
             if word in wanted:
                 return path

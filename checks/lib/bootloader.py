@@ -27,6 +27,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from auditor.checks.lib import files
 from auditor.hosts.base import Host
 from auditor.parsing import kernel_cmdline_params
 
@@ -261,9 +262,8 @@ def expand_grub_defaults(host: Host) -> ShellDefaults:
     """Expand /etc/default/grub and its drop-ins in order, as sourcing them would, unrun."""
     result = ShellDefaults()
     for path in grub_files(host):
-        try:
-            text = host.read_text(path, 1 << 20)
-        except OSError:
+        text = files.read_text(host, path, 1 << 20)
+        if text is None:
             continue
         result.files.append(path)
         for number, line in _logical(text):
@@ -328,7 +328,7 @@ def family(os_release: Mapping[str, str]) -> str:
 
 def booted_through_grub(host: Host) -> bool:
     """Return whether the running kernel came through GRUB (it adds ``BOOT_IMAGE=``)."""
-    return "BOOT_IMAGE" in kernel_cmdline_params(host.read_optional(PROC_CMDLINE) or "")
+    return "BOOT_IMAGE" in kernel_cmdline_params(files.read_optional(host, PROC_CMDLINE) or "")
 
 
 def uses_proxmox_boot_tool(host: Host) -> bool:
@@ -343,7 +343,7 @@ def _words(text: str, source: Source) -> list[Token]:
 
 def kernel_cmdline_tokens(host: Host) -> list[Token] | None:
     """Return /etc/kernel/cmdline's tokens (the whole file, as kernel-install reads it)."""
-    text = host.read_optional(KERNEL_CMDLINE)
+    text = files.read_optional(host, KERNEL_CMDLINE)
     if text is None:
         return None
     tokens: list[Token] = []
@@ -354,7 +354,7 @@ def kernel_cmdline_tokens(host: Host) -> list[Token] | None:
 
 def tuned_tokens(host: Host) -> list[Token]:
     """Return tuned's boot parameters (``TUNED_BOOT_CMDLINE`` in /etc/tuned/bootcmdline)."""
-    for number, line in enumerate((host.read_optional(TUNED_BOOTCMDLINE) or "")
+    for number, line in enumerate((files.read_optional(host, TUNED_BOOTCMDLINE) or "")
                                   .split("\n")[:64], start=1):
         key, sep, value = line.strip().partition("=")
         if sep and key == "TUNED_BOOT_CMDLINE":
@@ -365,7 +365,7 @@ def tuned_tokens(host: Host) -> list[Token]:
 
 def _grubenv(host: Host) -> dict[str, str]:
     for path in GRUBENVS:
-        text = host.read_optional(path)
+        text = files.read_optional(host, path)
         if text is None:
             continue
         values: dict[str, str] = {}
@@ -380,7 +380,7 @@ def _grubenv(host: Host) -> dict[str, str]:
 def bls_entry(host: Host, release: str) -> tuple[str, int, str] | None:
     """Return the BLS entry that boots ``release``: (path, options line number, options text)."""
     for path in host.glob(BLS_ENTRIES)[:256]:
-        text = host.read_optional(path) or ""
+        text = files.read_optional(host, path) or ""
         linux, options = "", None
         for number, line in enumerate(text.split("\n")[:256], start=1):
             key, _, value = line.strip().partition(" ")
@@ -415,9 +415,8 @@ def _bls_tokens(host: Host, release: str) -> list[Token] | None:
 def grub_cfg_tokens(host: Host, release: str) -> tuple[str, tuple[str, ...] | None]:
     """Return (file, tokens) of grub.cfg's first ``linux`` line booting ``release``."""
     for path in GRUB_CFGS:
-        try:
-            text = host.read_text(path, 4 << 20)
-        except OSError:
+        text = files.read_text(host, path, 4 << 20)
+        if text is None:
             continue
         for line in text.split("\n")[:200000]:
             words = line.strip()[:_MAX_LINE].split()
@@ -513,10 +512,10 @@ def rewrite_line(raw: str, variable: str, replace: Mapping[str, Sequence[str]],
 
 def raw_line(host: Host, path: str, line: int) -> str | None:
     """Return line ``line`` of a file as written, or None (missing, continued, not UTF-8)."""
-    try:
-        lines = host.read_text(path).split("\n")
-    except OSError:
+    text = files.read_text(host, path)
+    if text is None:
         return None
+    lines = text.split("\n")
     if not 1 <= line <= len(lines):
         return None
     raw = lines[line - 1]

@@ -19,6 +19,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from auditor.checks.lib import files
 from auditor.hosts.base import Host
 
 SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
@@ -138,14 +139,13 @@ def read_specs(host: Host) -> list[Spec]:
     """Return every CDI spec file of the host, parsed, in directory priority order."""
     specs: list[Spec] = []
     for priority, directory in enumerate(SPEC_DIRS):
-        files = sorted({*host.glob(f"{directory}/*.yaml"), *host.glob(f"{directory}/*.json")})
-        for path in files[:256]:
+        found = sorted({*host.glob(f"{directory}/*.yaml"), *host.glob(f"{directory}/*.json")})
+        for path in found[:256]:
             if host.is_dir(path):
                 continue
-            try:
-                raw = host.read_bytes(path, MAX_SPEC_BYTES + 1)
-            except OSError as exc:
-                specs.append(Spec(path, priority, error=f"unreadable: {exc.strerror or exc}"))
+            raw = files.read_bytes(host, path, MAX_SPEC_BYTES + 1)
+            if raw is None:
+                specs.append(Spec(path, priority, error="unreadable, or not a regular file"))
                 continue
             if len(raw) > MAX_SPEC_BYTES:
                 specs.append(Spec(path, priority, error="larger than 4 MiB"))

@@ -26,6 +26,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from auditor.checks.lib import files
 from auditor.hosts.base import Host
 from auditor.parsing import version_tuple
 
@@ -67,11 +68,11 @@ def is_release(text: str) -> bool:
 
 def running_kernel(host: Host) -> str | None:
     """Return the running kernel release, from osrelease or else /proc/version."""
-    release = host.read_optional(OSRELEASE)
+    release = files.read_optional(host, OSRELEASE)
     if release:
         release = release.split()[0] if release.split() else ""
     else:
-        match = _PROC_VERSION.search((host.read_optional(PROC_VERSION) or "")[:512])
+        match = _PROC_VERSION.search((files.read_optional(host, PROC_VERSION) or "")[:512])
         release = match.group(1) if match else ""
     return release if _RELEASE.fullmatch(release) else None
 
@@ -270,7 +271,7 @@ class NextBoot:
 
 def _grub_default(host: Host) -> str:
     value = ""
-    for line in (host.read_optional(GRUB_DEFAULT_FILE) or "").split("\n")[:512]:
+    for line in (files.read_optional(host, GRUB_DEFAULT_FILE) or "").split("\n")[:512]:
         key, sep, rest = line.strip().partition("=")
         if sep and key == "GRUB_DEFAULT":
             value = rest.strip().strip("\"'")[:256]
@@ -279,7 +280,7 @@ def _grub_default(host: Host) -> str:
 
 def _saved_entry(host: Host) -> str:
     for path in GRUBENV:
-        for line in (host.read_optional(path) or "").split("\n")[:64]:
+        for line in (files.read_optional(host, path) or "").split("\n")[:64]:
             key, sep, value = line.partition("=")
             if sep and key == "saved_entry":
                 return value[:512]
@@ -293,7 +294,7 @@ def next_boot(host: Host, running: str, installed: Iterable[str]) -> NextBoot | 
         return None
     for pin, how in ((PVE_NEXT_PIN, "pinned for the next boot"),
                      (PVE_PIN, "pinned with proxmox-boot-tool")):
-        pinned = (host.read_optional(pin) or "").strip()
+        pinned = (files.read_optional(host, pin) or "").strip()
         if pinned in images:
             return NextBoot(pinned, f"{how} ({pin})")
     newest = max(images, key=sort_key)
@@ -343,11 +344,9 @@ class ModuleSearch:
 
 def _modules_dep(host: Host, release: str) -> str | None:
     for root in MODULE_ROOTS:
-        try:
-            return host.read_bytes(f"{root}/{release}/modules.dep", _DEP_LIMIT).decode(
-                "utf-8", "replace")
-        except OSError:
-            continue
+        text = files.read_text(host, f"{root}/{release}/modules.dep", _DEP_LIMIT)
+        if text is not None:
+            return text
     return None
 
 
@@ -417,7 +416,7 @@ _NOT_SET = re.compile(r"# (CONFIG_[A-Z0-9_]{1,80}) is not set")
 
 def machine(host: Host) -> str:
     """Return ``x86_64``, ``aarch64`` or "" from /proc/cpuinfo."""
-    text = (host.read_optional(CPUINFO) or "")[:65536]
+    text = (files.read_optional(host, CPUINFO) or "")[:65536]
     if "vendor_id" in text:
         return "x86_64"
     if "CPU implementer" in text:
@@ -432,9 +431,8 @@ def kernel_config(host: Host, release: str) -> dict[str, str] | None:
     """
     if not is_release(release):
         return None
-    try:
-        text = host.read_text(f"/boot/config-{release}", 4 << 20)
-    except OSError:
+    text = files.read_text(host, f"/boot/config-{release}", 4 << 20)
+    if text is None:
         return None
     found: dict[str, str] = {}
     for line in text.split("\n")[:50000]:

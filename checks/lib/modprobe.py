@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from auditor.checks.lib import files
 from auditor.hosts.base import Host
 
 #: kmod's configuration directories, in precedence order.
@@ -201,17 +202,16 @@ def cmdline_options(cmdline: str) -> list[ModOption]:
 def _read(host: Host) -> ModprobeConfig:
     options: list[ModOption] = []
     directives: list[Directive] = []
-    files = config_files(host)
-    for path in files:
-        try:
-            text = host.read_text(path, _READ_LIMIT)
-        except OSError:
+    paths = config_files(host)
+    for path in paths:
+        text = files.read_text(host, path, _READ_LIMIT)
+        if text is None:
             continue
         found, more = parse(text, path)
         options.extend(found)
         directives.extend(more)
-    options.extend(cmdline_options(host.read_optional(CMDLINE) or ""))
-    return ModprobeConfig(tuple(options), tuple(directives), tuple(files))
+    options.extend(cmdline_options(files.read_optional(host, CMDLINE) or ""))
+    return ModprobeConfig(tuple(options), tuple(directives), tuple(paths))
 
 
 def read_config(host: Host) -> ModprobeConfig:
@@ -294,15 +294,15 @@ def initramfs(host: Host, modules: tuple[str, ...]) -> Initramfs:
         carries: bool | None = None
         where = ""
         for path in dracut_files:
-            for number, line in enumerate((host.read_optional(path) or "").split("\n")[:2048],
-                                          start=1):
+            text = files.read_optional(host, path) or ""
+            for number, line in enumerate(text.split("\n")[:2048], start=1):
                 match = _DRACUT_DRIVERS.match(line[:MAX_LINE])
                 if match and _mentions(match.group(2), modules):
                     carries = match.group(1) != "omit_drivers"
                     where = f"{path}:{number}"
         return Initramfs("dracut", carries, where)
     if host.exists("/etc/initramfs-tools"):
-        text = host.read_optional(INITRAMFS_TOOLS_MODULES) or ""
+        text = files.read_optional(host, INITRAMFS_TOOLS_MODULES) or ""
         for number, line in enumerate(text.split("\n")[:2048], start=1):
             word = line.split("#", 1)[0].strip()
             if word and module_name(word.split()[0]) in modules:
@@ -314,8 +314,8 @@ def initramfs(host: Host, modules: tuple[str, ...]) -> Initramfs:
         return Initramfs("initramfs-tools", False, "")
     for pattern in MKINITCPIO_CONFS:
         for path in (host.glob(pattern)[:64] if "*" in pattern else [pattern]):
-            for number, line in enumerate((host.read_optional(path) or "").split("\n")[:2048],
-                                          start=1):
+            text = files.read_optional(host, path) or ""
+            for number, line in enumerate(text.split("\n")[:2048], start=1):
                 match = _MKINITCPIO_MODULES.match(line[:MAX_LINE])
                 if match:
                     return Initramfs("mkinitcpio", _mentions(match.group(1), modules),

@@ -28,7 +28,7 @@ import fnmatch
 import re
 from dataclasses import dataclass
 
-from auditor.checks.lib import pci
+from auditor.checks.lib import files, pci
 from auditor.hosts.base import Host
 
 PROC_VERSION = "/proc/driver/nvidia/version"
@@ -111,16 +111,16 @@ def parse_nvrm(text: str) -> tuple[str, str] | None:
 
 def loaded_driver(host: Host) -> LoadedDriver | None:
     """Return the loaded NVIDIA kernel module, or None if none is loaded."""
-    parsed = parse_nvrm(host.read_optional(PROC_VERSION) or "")
+    parsed = parse_nvrm(files.read_optional(host, PROC_VERSION) or "")
     if parsed:
         return LoadedDriver(parsed[0], parsed[1], PROC_VERSION)
-    module_version = (host.read_optional(MODULE_VERSION) or "")[:_MAX_LINE]
+    module_version = (files.read_optional(host, MODULE_VERSION) or "")[:_MAX_LINE]
     match = _FULL_VERSION.match(module_version)
     if match is None:
         return None
     # The proprietary module is not GPL-compatible and taints the kernel with P; the open
     # one (Dual MIT/GPL) leaves only O and E.
-    taint = host.read_optional(MODULE_TAINT)
+    taint = files.read_optional(host, MODULE_TAINT)
     if taint is None:
         flavour = "unknown"
     else:
@@ -160,7 +160,7 @@ def parse_params(text: str) -> dict[str, str]:
 
 def live_params(host: Host) -> dict[str, str] | None:
     """Return nvidia.ko's live parameters by registry name, or None where unreadable."""
-    text = host.read_optional(PROC_PARAMS)
+    text = files.read_optional(host, PROC_PARAMS)
     return parse_params(text) if text is not None else None
 
 
@@ -250,7 +250,7 @@ def ld_so_conf_dirs(host: Host) -> list[str]:
         if path in seen:
             continue
         seen.add(path)
-        text = host.read_optional(path) or ""
+        text = files.read_optional(host, path) or ""
         for line in text.split("\n")[:512]:
             line = line.split("#", 1)[0].strip()[:_MAX_LINE]
             if not line:
@@ -318,17 +318,14 @@ def daemon(host: Host, pidfile: str, comm: str) -> Daemon | None:
     Reads only that one pid's ``comm`` and ``cmdline``, never another process's. ``comm``
     is cut to 15 characters by the kernel (``TASK_COMM_LEN``), so ``comm`` is compared cut.
     """
-    text = (host.read_optional(pidfile) or "")[:32].strip()
+    text = (files.read_optional(host, pidfile) or "")[:32].strip()
     if not _PID.fullmatch(text):
         return None
-    name = (host.read_optional(f"/proc/{text}/comm") or "")[:64]
+    name = (files.read_optional(host, f"/proc/{text}/comm") or "")[:64]
     if name != comm[:15]:
         return None
     argv: tuple[str, ...] | None = None
-    try:
-        raw = host.read_bytes(f"/proc/{text}/cmdline", 1 << 16)
-    except OSError:
-        raw = None
+    raw = files.read_bytes(host, f"/proc/{text}/cmdline", 1 << 16)
     if raw:
         argv = tuple(a.decode("utf-8", "replace")[:1024]
                      for a in raw.rstrip(b"\0").split(b"\0")[:256])
@@ -351,6 +348,6 @@ def find_process(host: Host, comm: str, pidfiles: tuple[str, ...] = ()) -> str |
             return found.pid
     cut = comm[:15]
     for path in host.glob("/proc/[0-9]*/comm")[:65536]:
-        if (host.read_optional(path) or "")[:64] == cut:
+        if (files.read_optional(host, path) or "")[:64] == cut:
             return path.split("/")[2]
     return None

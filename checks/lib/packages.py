@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from auditor.checks.lib import files
 from auditor.hosts.base import Host
 
 DPKG_STATUS = "/var/lib/dpkg/status"
@@ -116,9 +117,8 @@ def parse_dpkg_status(text: str) -> dict[str, Package]:
 
 
 def _read_dpkg(host: Host) -> Packages:
-    try:
-        raw = host.read_bytes(DPKG_STATUS, _STATUS_LIMIT)
-    except OSError:
+    raw = files.read_bytes(host, DPKG_STATUS, _STATUS_LIMIT)
+    if raw is None:
         return Packages({}, False, False)
     truncated = len(raw) >= _STATUS_LIMIT
     if truncated or len(raw) == 1 << 20:
@@ -170,7 +170,7 @@ def _apt_policy(host: Host) -> UpgradePolicy | None:
     enabled, where = False, ""
     kept: list[str] = []
     for path in _apt_files(host):
-        text = host.read_optional(path) or ""
+        text = files.read_optional(host, path) or ""
         in_blacklist = False
         for raw in text.split("\n")[:2048]:
             line = raw.split("//", 1)[0][:1024]
@@ -191,7 +191,7 @@ def _apt_policy(host: Host) -> UpgradePolicy | None:
 
 
 def _dnf_policy(host: Host) -> UpgradePolicy | None:
-    text = host.read_optional(DNF_AUTOMATIC)
+    text = files.read_optional(host, DNF_AUTOMATIC)
     if text is None or not host.glob(DNF_TIMERS):
         return None
     apply = False
@@ -202,11 +202,11 @@ def _dnf_policy(host: Host) -> UpgradePolicy | None:
     if not apply:
         return None
     kept: list[str] = []
-    for line in (host.read_optional(DNF_CONF) or "").split("\n")[:1024]:
+    for line in (files.read_optional(host, DNF_CONF) or "").split("\n")[:1024]:
         key, sep, value = line.partition("=")
         if sep and key.strip() in ("exclude", "excludepkgs"):
             kept.extend(w for w in value.replace(",", " ").split()[:256])
-    for line in (host.read_optional(VERSIONLOCK) or "").split("\n")[:4096]:
+    for line in (files.read_optional(host, VERSIONLOCK) or "").split("\n")[:4096]:
         line = line.strip()
         if line and not line.startswith("#"):
             kept.append(line.lstrip("!")[:256])
@@ -217,7 +217,7 @@ def upgrade_policy(host: Host) -> UpgradePolicy:
     """Return the unattended upgrade tool that is on, and what it keeps back."""
     reboot: list[str] = []
     for path in REBOOT_REQUIRED:
-        text = host.read_optional(path)
+        text = files.read_optional(host, path)
         if text is not None:
             reboot = [w for w in text.split()[:1024] if _NAME.fullmatch(w)]
             break

@@ -14,6 +14,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
+from auditor.checks.lib import files
 from auditor.hosts.base import Host
 
 UNIT_DIRS = ("/etc/systemd/system", "/run/systemd/system", "/usr/local/lib/systemd/system",
@@ -82,12 +83,12 @@ def read_unit(host: Host, name: str) -> Unit:
     for directory in UNIT_DIRS:
         for conf in host.glob(f"{directory}/{name}.d/*.conf")[:64]:
             drop_ins.setdefault(conf.rsplit("/", 1)[1], conf)
-    files = ([path] if path else []) + [drop_ins[n] for n in sorted(drop_ins)]
+    sources = ([path] if path else []) + [drop_ins[n] for n in sorted(drop_ins)]
     exec_start: tuple[str, ...] = ()
     exec_at = ""
     wanted: list[str] = []
-    for file in files:
-        text = host.read_optional(file) or ""
+    for file in sources:
+        text = files.read_optional(host, file) or ""
         for section, key, value, number in _sections(text):
             if section == "Service" and key == "ExecStart":
                 if not value:
@@ -113,7 +114,7 @@ def udev_starts(host: Host, unit: str) -> str:
             name = path.rsplit("/", 1)[1]
             if "nvidia" not in name:
                 continue
-            text = host.read_optional(path) or ""
+            text = files.read_optional(host, path) or ""
             if unit.removesuffix(".service") in text[:1 << 16]:
                 return path
     return ""

@@ -271,3 +271,32 @@ def test_the_gpu_operator_brings_its_own_module(tmp_path: Path) -> None:
     found = judge(KernelVersion, root)["nvidia-driver"]
     assert found.status is Status.PASS
     assert "gets the module from the GPU Operator's driver container" in found.message
+
+
+def test_fifos_devices_and_loops_where_files_belong_are_not_read(tmp_path: Path) -> None:
+    """A FIFO would block a reader forever: every driver check reads regular files only."""
+    import os
+    import subprocess
+    import sys
+
+    spec = DriverSpec(nvswitches=2, fabricmanager="running", rdma_nics=2, unattended=True,
+                      cdi=("550.90.07", 8), tuned=("a=1",))
+    root = node(tmp_path, spec)
+    for path in ("etc/cdi/nvidia.yaml", "etc/default/grub", "var/lib/dpkg/status",
+                 "run/nvidia-persistenced/nvidia-persistenced.pid", "proc/2417/cmdline",
+                 "lib/modules/6.8.0-45-generic/modules.dep", "etc/tuned/bootcmdline",
+                 "proc/driver/nvidia/params", "etc/apt/apt.conf.d/20auto-upgrades"):
+        (root / path).unlink()
+        os.mkfifo(root / path)
+    (root / "etc/modprobe.d").mkdir()
+    os.mkfifo(root / "etc/modprobe.d/fifo.conf")
+    (root / "etc/modprobe.d/loop.conf").symlink_to("loop.conf")
+    (root / "boot/config-6.8.0-45-generic").write_bytes(b"\xff" * (5 << 20))
+    ids = ",".join(c.id for c in DRIVER_CHECKS) + ",boot.cmdline"
+    args = ["local", "--root", str(root), "--format", "json"]
+    for check in ids.split(","):
+        args += ["--check", check]
+    proc = subprocess.run([sys.executable, "-m", "auditor", *args], capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert proc.returncode in (0, 1), proc.stderr
+    assert '"status": "error"' not in proc.stdout
