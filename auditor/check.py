@@ -250,8 +250,10 @@ class Check(ABC, Generic[OptionsT]):
         fix: str = "",
         severity: Severity | None = None,
         evidence: Mapping[str, str] | None = None,
+        aspect: str = "",
     ) -> Finding:
-        """Build a finding of this check."""
+        """Build a finding of this check (``aspect``: which of several judgements of one
+        subject it is, such as a device's ``link`` beside its MaxReadReq)."""
         return Finding(
             check=self.id,
             status=status,
@@ -262,6 +264,7 @@ class Check(ABC, Generic[OptionsT]):
             expected=expected,
             fix=fix,
             evidence=tuple((evidence or {}).items()),
+            aspect=aspect,
         )
 
     def passed(self, subject: str, message: str, **kw: Any) -> Finding:

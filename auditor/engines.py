@@ -85,7 +85,7 @@ def report_line(report: Report, *, prefix: str = "", limit: int = LINE_BYTES) ->
     head = head + " " if head else ""
     if report.error:
         return _fit(_ascii_line(f"{head}ERROR {report.error}"), "", limit)
-    problems = _worst_first([f for f in report.findings if f.status in PROBLEMS])
+    problems = _worst_first([f for f in report.findings if f.counted in PROBLEMS])
     if not problems:
         checks = len(report.results)
         skipped = sum(1 for r in report.results if r.status is Status.SKIP)
@@ -140,10 +140,11 @@ def valid_label(name: str, value: str) -> bool:
 
 
 def _node_status(report: Report) -> Status:
-    """Return the node's verdict: the worst finding, a skip counting as a pass."""
+    """Return the node's verdict: the worst finding, a skip or a waived one counting as a
+    pass."""
     if report.error:
         return Status.ERROR
-    worst = max((f.status for f in report.findings if f.status is not Status.SKIP),
+    worst = max((f.counted for f in report.findings if f.status is not Status.SKIP),
                 key=lambda status: status.order, default=Status.PASS)
     return worst
 

@@ -17,7 +17,8 @@ Evidence, strongest first:
   string but no hypervisor flag: the flag wins where there is one.
 - Container: ``/run/systemd/container`` (the container manager's name: systemd
   writes it from the ``container=`` variable LXC, nspawn, podman and others set,
-  systemd's src/basic/virt.c ``detect_container``), ``/.dockerenv``,
+  systemd's src/basic/virt.c ``detect_container``), ``/run/host/container-manager``
+  (where newer managers name themselves, read there too), ``/.dockerenv``,
   ``/run/.containerenv`` (podman), container paths in ``/proc/1/cgroup``, and a
   user namespace that does not map every UID (pid 1's ``uid_map``: the initial
   namespace maps ``0 0 4294967295``), which is an unprivileged container.
@@ -31,10 +32,15 @@ from dataclasses import dataclass
 from auditor.hosts.base import Host
 
 CPUINFO = "/proc/cpuinfo"
+#: The clock sources the kernel found: a KVM guest has ``kvm-clock``, which tells KVM
+#: from the plain QEMU that its DMI strings name.
+CLOCKSOURCES = "/sys/devices/system/clocksource/clocksource0/available_clocksource"
 DMI = "/sys/class/dmi/id"
 HYPERVISOR_TYPE = "/sys/hypervisor/type"
 XEN_CAPABILITIES = "/proc/xen/capabilities"
 SYSTEMD_CONTAINER = "/run/systemd/container"
+#: Where newer container managers (systemd-nspawn, podman) name themselves.
+HOST_CONTAINER_MANAGER = "/run/host/container-manager"
 DOCKERENV = "/.dockerenv"
 CONTAINERENV = "/run/.containerenv"
 INIT_CGROUP = "/proc/1/cgroup"
@@ -43,12 +49,14 @@ UID_MAP = "/proc/1/uid_map"
 #: Every path :func:`environment` reads: a check that uses it lists these in ``reads``.
 READS: tuple[str, ...] = (
     CPUINFO,
+    CLOCKSOURCES,
     f"{DMI}/sys_vendor",
     f"{DMI}/product_name",
     f"{DMI}/board_vendor",
     HYPERVISOR_TYPE,
     XEN_CAPABILITIES,
     SYSTEMD_CONTAINER,
+    HOST_CONTAINER_MANAGER,
     DOCKERENV,
     CONTAINERENV,
     INIT_CGROUP,
@@ -124,6 +132,11 @@ class Environment:
             return "bare metal"
         return " in a ".join(parts)
 
+    def inside(self) -> str:
+        """Return where the files were read: ``inside an unprivileged container (lxc)``."""
+        text = self.describe()
+        return f"inside {'an' if text[0] in 'aeiouAEIOU' else 'a'} {text}"
+
 
 def _word(text: str | None) -> str:
     value = (text or "").strip().lower()
@@ -131,14 +144,22 @@ def _word(text: str | None) -> str:
     return match.group(0) if match else ""
 
 
+def cpuinfo(host: Host) -> str:
+    """Return /proc/cpuinfo's text, read once per host (checks share it)."""
+    return host.fact("text:" + CPUINFO, lambda h: h.read_optional(CPUINFO) or "")
+
+
 def _hypervisor(host: Host, evidence: list[str]) -> str:
-    cpuinfo = host.read_optional(CPUINFO) or ""
-    flags_line = next((line for line in cpuinfo.splitlines()
+    cpuinfo_text = cpuinfo(host)
+    flags_line = next((line for line in cpuinfo_text.splitlines()
                        if line.startswith(("flags", "Features"))), None)
     dmi_vendor = (host.read_optional(f"{DMI}/sys_vendor") or "").strip().lower()
     product = (host.read_optional(f"{DMI}/product_name") or "").strip().lower()
     if flags_line is not None and "hypervisor" in flags_line.partition(":")[2].split():
         evidence.append("the hypervisor CPU flag")
+        if "kvm-clock" in (host.read_optional(CLOCKSOURCES) or "").split():
+            evidence.append("the kvm-clock clock source")
+            return "kvm"
         for prefix, name in _VM_VENDORS:
             if dmi_vendor.startswith(prefix):
                 return name
@@ -151,7 +172,7 @@ def _hypervisor(host: Host, evidence: list[str]) -> str:
     if xen == "xen" and "control_d" not in (host.read_optional(XEN_CAPABILITIES) or ""):
         evidence.append(f"{HYPERVISOR_TYPE} reads xen")
         return "xen"
-    if flags_line is not None and "vendor_id" in cpuinfo:
+    if flags_line is not None and "vendor_id" in cpuinfo_text:
         # x86 without the flag: bare metal, whatever the firmware's strings say.
         return ""
     for prefix, name in _VM_PRODUCTS:
@@ -167,10 +188,12 @@ def _hypervisor(host: Host, evidence: list[str]) -> str:
 
 def _container(host: Host, evidence: list[str]) -> tuple[str, bool]:
     name = ""
-    declared = _word(host.read_optional(SYSTEMD_CONTAINER))
-    if declared:
-        evidence.append(f"{SYSTEMD_CONTAINER} reads {declared}")
-        name = declared
+    for path in (SYSTEMD_CONTAINER, HOST_CONTAINER_MANAGER):
+        declared = _word(host.read_optional(path))
+        if declared:
+            evidence.append(f"{path} reads {declared}")
+            name = declared
+            break
     if not name and host.exists(DOCKERENV):
         evidence.append(f"{DOCKERENV} exists")
         name = "docker"

@@ -200,7 +200,7 @@ def build_fix(
     problems: dict[str, list[Finding]] = {}
     unhandled: list[tuple[Finding, str]] = []
     for finding in report.findings:
-        if finding.status not in FIXABLE:
+        if finding.counted not in FIXABLE:  # a waived finding is accepted: no fix
             continue
         if finding.check in fixable:
             problems.setdefault(finding.check, []).append(finding)

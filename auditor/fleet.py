@@ -8,6 +8,7 @@ hosts differ from a reference host and on what.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -34,37 +35,46 @@ class Difference:
     golden_observed: str
     status: str
     observed: str
+    aspect: str = ""
+
+    @property
+    def label(self) -> str:
+        """Return the subject with its aspect, as the text views show a finding's key."""
+        return f"{self.subject} [{self.aspect}]" if self.aspect else self.subject
 
     def describe(self) -> str:
         """Return a one-line account of the difference."""
+        where = f"{self.check} {self.label}"
         if not self.golden_status:
-            return f"{self.check} {self.subject}: only here ({self.status}, {self.observed!r})"
+            return f"{where}: only here ({self.status}, {self.observed!r})"
         if not self.status:
-            return (f"{self.check} {self.subject}: missing here (golden: {self.golden_status},"
+            return (f"{where}: missing here (golden: {self.golden_status},"
                     f" {self.golden_observed!r})")
         parts = []
         if self.status != self.golden_status:
             parts.append(f"status {self.golden_status} -> {self.status}")
         if self.observed != self.golden_observed:
             parts.append(f"observed {self.golden_observed!r} -> {self.observed!r}")
-        return f"{self.check} {self.subject}: {', '.join(parts)}"
+        return f"{where}: {', '.join(parts)}"
 
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON form."""
         return {
             "check": self.check,
             "subject": self.subject,
+            "aspect": self.aspect,
             "golden": {"status": self.golden_status, "observed": self.golden_observed},
             "host": {"status": self.status, "observed": self.observed},
         }
 
 
-def _state(report: Report) -> dict[tuple[str, str], tuple[str, str]]:
-    state: dict[tuple[str, str], tuple[str, str]] = {}
+def _state(report: Report) -> dict[tuple[str, str, str], tuple[str, str]]:
+    state: dict[tuple[str, str, str], tuple[str, str]] = {}
     for finding in report.findings:
-        key = (finding.check, finding.subject)
         value = (raw_status(finding).value, finding.observed)
-        # Two findings on one subject: keep the worse, so the comparison is stable.
+        # Keys are unique within a report; one read back from elsewhere may repeat one:
+        # keep the worse, so the comparison is stable.
+        key = finding.key
         if key not in state or Status(value[0]).order > Status(state[key][0]).order:
             state[key] = value
     return state
@@ -86,18 +96,29 @@ def golden_diff(
             want = reference.get(key, ("", ""))
             have = state.get(key, ("", ""))
             if want != have:
-                found.append(Difference(key[0], key[1], want[0], want[1], have[0], have[1]))
+                found.append(Difference(key[0], key[1], want[0], want[1], have[0], have[1],
+                                        key[2]))
         diffs[report.host] = found
     return diffs
 
 
 @dataclass(frozen=True)
 class Cell:
-    """One host's result for one check: its worst status and the findings behind it."""
+    """One host's result for one check: its roll-up and the findings behind it."""
 
     status: str
     findings: tuple[Finding, ...]
     differs: bool = False
+
+    @property
+    def skipped(self) -> int:
+        """Return how many of the findings are skips (shown beside the roll-up)."""
+        return sum(1 for f in self.findings if f.status is Status.SKIP)
+
+    @property
+    def waived(self) -> int:
+        """Return how many of the findings a waiver accepted (shown beside the roll-up)."""
+        return sum(1 for f in self.findings if f.waived)
 
 
 @dataclass
@@ -115,6 +136,8 @@ class FleetView:
     diffs: dict[str, list[Difference]] = field(default_factory=dict)
 
     statuses: dict[str, str] = field(default_factory=dict)
+    #: Hosts with at least one skipped finding.
+    skipped_hosts: int = 0
 
     def host_status(self, report: Report) -> str:
         """Return a host's worst status (``error`` when it could not be audited)."""
@@ -132,14 +155,21 @@ class FleetView:
         """Count the hosts by their worst status."""
         return count_by_status(Status(s) for s in self.statuses.values())
 
+    def skipped(self) -> int:
+        """Count the hosts with at least one skipped finding (beside the roll-ups)."""
+        return self.skipped_hosts
+
     def problems(self) -> list[tuple[str, str, str, list[str]]]:
-        """Return (status, check, subject, hosts) for every warn/fail/error, worst first."""
+        """Return (status, check, subject, hosts) for every warn/fail/error, worst first.
+
+        Waived findings are not problems; the subject carries the finding's aspect.
+        """
         grouped: dict[tuple[str, str, str], list[str]] = {}
         for report in self.hosts:
             for finding in report.findings:
-                if finding.status.rank == 0:
+                if finding.counted.rank == 0:
                     continue
-                key = (finding.status.value, finding.check, finding.subject)
+                key = (finding.status.value, finding.check, finding.label)
                 grouped.setdefault(key, []).append(report.host)
         return [
             (status, check, subject, hosts)
@@ -186,7 +216,19 @@ class FleetView:
 
 
 def _finding_counts(reports: Iterable[Report]) -> dict[str, int]:
-    return count_by_status(f.status for report in reports for f in report.findings)
+    counts = count_by_status(f.status for report in reports for f in report.findings
+                             if not f.waived)
+    counts["waived"] = sum(report.waived for report in reports)
+    return counts
+
+
+def view_of_reports(reports: Sequence[Report], golden: str | None = None) -> FleetView:
+    """Lay out reports audited in this run (``audit host``) as ``audit merge`` lays out files."""
+    names = Counter(r.host for r in reports)
+    # Two targets can be one machine (two aliases): each keeps its own row.
+    unique = [replace(r, host=f"{r.host} ({r.target})") if names[r.host] > 1 else r
+              for r in reports]
+    return fleet_view(LoadedResults(reports=unique), golden)
 
 
 def fleet_view(
@@ -200,14 +242,15 @@ def fleet_view(
 def _fleet_view(loaded: LoadedResults, golden: str | None) -> FleetView:
     cells: dict[str, dict[str, Cell]] = {}
     statuses: dict[str, str] = {}
+    skipped_hosts = 0
     for report in loaded.reports:
         row: dict[str, Cell] = {}
+        skipped = False
         for result in report.results:
-            row[result.check] = Cell(
-                status=worst(f.status for f in result.findings).value,
-                findings=result.findings,
-            )
+            row[result.check] = Cell(status=result.status.value, findings=result.findings)
+            skipped = skipped or any(f.status is Status.SKIP for f in result.findings)
         cells[report.host] = row
+        skipped_hosts += skipped
         statuses[report.host] = "error" if report.error else worst(
             Status(c.status) for c in row.values()).value
     # Worst hosts first.
@@ -240,4 +283,5 @@ def _fleet_view(loaded: LoadedResults, golden: str | None) -> FleetView:
         golden=golden,
         diffs=diffs,
         statuses=statuses,
+        skipped_hosts=skipped_hosts,
     )

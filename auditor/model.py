@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import enum
 import hashlib
 import json
 import operator
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 
 class Status(str, enum.Enum):
-    """The verdict of one finding, declared from best to worst (``order``)."""
+    """The verdict of one finding, declared from best to worst (``order``).
+
+    A roll-up (a check, a host, a fleet cell) is not the largest ``order``: it is
+    :func:`worst`, where a skip never outranks a judged status.
+    """
 
     PASS = "pass"  # noqa: S105 - a status, not a secret
     SKIP = "skip"
@@ -22,7 +28,8 @@ class Status(str, enum.Enum):
 
     @property
     def order(self) -> int:
-        """Return the place from best (0, pass) to worst (4, error): sorting and roll-ups."""
+        """Return the place from best (0, pass) to worst (4, error): sorting and the
+        Prometheus status codes."""
         return _ORDER[self]
 
     @property
@@ -38,6 +45,20 @@ _RANK = {Status.PASS: 0, Status.SKIP: 0, Status.WARN: 1, Status.FAIL: 2, Status.
 FIXABLE = (Status.FAIL, Status.WARN)
 #: Statuses of findings that are a problem (shown, counted as such).
 PROBLEMS = (Status.WARN, Status.FAIL, Status.ERROR)
+
+
+def worst(statuses: Iterable[Status]) -> Status:
+    """Return the roll-up of statuses: the worst of pass, warn, fail and error.
+
+    A skip says nothing about the host, so it never outranks a judged status: the
+    roll-up is ``skip`` only when every status is a skip, and ``pass`` when there are
+    none. Roll-ups count the skips beside it (:func:`count_by_status`).
+    """
+    seen = set(statuses)
+    judged = seen - {Status.SKIP}
+    if judged:
+        return max(judged, key=_ORDER.__getitem__)
+    return Status.SKIP if seen else Status.PASS
 
 
 def count_by_status(statuses: Iterable[Status]) -> dict[str, int]:
@@ -59,14 +80,20 @@ class Severity(str, enum.Enum):
 
 
 class FailOn(str, enum.Enum):
-    """The lowest status that makes ``audit`` exit 1."""
+    """The lowest status that makes ``audit`` exit 1 (``warning`` is kept as ``warn``)."""
 
-    WARNING = "warning"
+    WARN = "warn"
+    #: The name the level had before ``warn``: the same member, kept for callers.
+    WARNING = "warn"
     FAIL = "fail"
+
+    @classmethod
+    def _missing_(cls, value: object) -> FailOn | None:
+        return cls.WARN if value == "warning" else None
 
     def trips(self, status: Status) -> bool:
         """Return whether a finding of this status is at or above the level."""
-        threshold = 1 if self is FailOn.WARNING else 2
+        threshold = 1 if self is FailOn.WARN else 2
         return status.rank >= threshold
 
 
@@ -84,21 +111,50 @@ class Finding:
     fix: str = ""
     host: str = ""
     evidence: tuple[tuple[str, str], ...] = ()
+    #: What about the subject this finding judges, where a check judges several things
+    #: of one subject (a device's MaxReadReq and its link): (check, subject, aspect) is
+    #: the finding's key.
+    aspect: str = ""
+    #: Accepted by a live waiver of the policy: the status stays the real one, and the
+    #: finding no longer counts as a problem (roll-ups, exit code).
+    waived: bool = False
+    #: The waiver's reason (and its expiry), when waived.
+    waiver: str = ""
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """Return what identifies the finding within a host's report: check, subject, aspect."""
+        return (self.check, self.subject, self.aspect)
+
+    @property
+    def label(self) -> str:
+        """Return the subject with its aspect, as the text views show it."""
+        return f"{self.subject} [{self.aspect}]" if self.aspect else self.subject
+
+    @property
+    def counted(self) -> Status:
+        """Return the status roll-ups and the exit code count: a waived finding passes."""
+        return Status.PASS if self.waived else self.status
 
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON form of the finding (the stable contract)."""
-        return {
+        data: dict[str, Any] = {
             "check": self.check,
             "host": self.host,
             "status": self.status.value,
             "severity": self.severity.value,
             "subject": self.subject,
+            "aspect": self.aspect,
             "observed": self.observed,
             "expected": self.expected,
             "message": self.message,
             "fix": self.fix,
             "evidence": {key: value for key, value in self.evidence},
+            "waived": self.waived,
         }
+        if self.waived:
+            data["waiver"] = self.waiver
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Finding:
@@ -124,6 +180,9 @@ class Finding:
             message=str(data.get("message", "")),
             fix=str(data.get("fix", "")),
             evidence=tuple((str(k), str(v)) for k, v in dict(evidence).items()),
+            aspect=str(data.get("aspect") or ""),
+            waived=data.get("waived") is True,
+            waiver=str(data.get("waiver") or ""),
         )
 
 
@@ -144,14 +203,18 @@ def _fast_finding(data: dict[str, Any]) -> Finding | None:
         values = _text_fields(data)
     except KeyError:  # not written by audit: some field left out
         values = [data.get(key, "") for key in _TEXT_FIELDS]
+    aspect, waived, waiver = data.get("aspect", ""), data.get("waived", False), data.get(
+        "waiver", "")
     if (
         status is not None and severity is not None and type(evidence) is dict
         and "check" in data and set(map(type, values)) <= _STR
         and set(map(type, evidence)) <= _STR and set(map(type, evidence.values())) <= _STR
+        and type(aspect) is str and type(waived) is bool and type(waiver) is str
     ):
         finding = object.__new__(Finding)
         fields = dict(zip(_TEXT_FIELDS, values, strict=True))
-        fields.update(status=status, severity=severity, evidence=tuple(evidence.items()))
+        fields.update(status=status, severity=severity, evidence=tuple(evidence.items()),
+                      aspect=aspect, waived=waived, waiver=waiver)
         finding.__dict__.update(fields)
         return finding
     return None
@@ -167,13 +230,13 @@ class CheckResult:
 
     @property
     def status(self) -> Status:
-        """Return the worst status among the findings."""
-        return worst(f.status for f in self.findings)
+        """Return the roll-up of the findings (:func:`worst`; a waived finding passes)."""
+        return worst(f.counted for f in self.findings)
 
-
-def worst(statuses: Iterable[Status]) -> Status:
-    """Return the worst of the statuses (PASS when there are none)."""
-    return max(statuses, key=_ORDER.__getitem__, default=Status.PASS)
+    @property
+    def skipped(self) -> int:
+        """Return how many findings are skips (counted beside the roll-up)."""
+        return sum(1 for f in self.findings if f.status is Status.SKIP)
 
 
 @dataclass(frozen=True)
@@ -187,26 +250,46 @@ class Report:
     results: tuple[CheckResult, ...]
     facts: tuple[tuple[str, str], ...] = field(default=())
     error: str = ""
+    #: Seconds per phase of a remote audit: ``connect``, ``collect``, ``checks``.
+    timing: tuple[tuple[str, float], ...] = ()
+    #: The version of host-auditor that made the report.
+    version: str = ""
+    #: Which thresholds made it: ``profile``, and the policy ``file`` and its ``sha256``.
+    policy: tuple[tuple[str, str], ...] = ()
 
     @property
     def findings(self) -> tuple[Finding, ...]:
         return tuple(f for r in self.results for f in r.findings)
 
     def summary(self) -> dict[str, int]:
-        """Count the findings by status."""
-        return count_by_status(f.status for f in self.findings)
+        """Count the findings by status, the waived ones apart (``waived``)."""
+        findings = self.findings
+        counts = count_by_status(f.status for f in findings if not f.waived)
+        counts["waived"] = sum(1 for f in findings if f.waived)
+        return counts
 
     @property
     def status(self) -> Status:
+        """Return the host's roll-up: ``error`` if it could not be audited, else :func:`worst`."""
         if self.error:
             return Status.ERROR
         return worst(r.status for r in self.results)
+
+    @property
+    def skipped(self) -> int:
+        """Return how many findings are skips (counted beside the roll-up)."""
+        return sum(r.skipped for r in self.results)
+
+    @property
+    def waived(self) -> int:
+        """Return how many findings a waiver accepted."""
+        return sum(1 for f in self.findings if f.waived)
 
     def exit_code(self, fail_on: FailOn) -> int:
         """Return 3 if the host could not be audited, 1 if a finding trips fail_on, else 0."""
         if self.error:
             return 3
-        return 1 if any(fail_on.trips(f.status) for f in self.findings) else 0
+        return 1 if any(fail_on.trips(f.counted) for f in self.findings) else 0
 
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON form of the report (the stable contract)."""
@@ -223,6 +306,12 @@ class Report:
             ],
             "findings": [f.to_dict() for f in self.findings],
         }
+        if self.timing:
+            data["timing"] = {f"{name}_s": round(value, 4) for name, value in self.timing}
+        if self.version:
+            data["tool"] = {"name": "host-auditor", "version": self.version}
+        if self.policy:
+            data["policy"] = dict(self.policy)
         if self.error:
             data["error"] = self.error
         return data
@@ -253,20 +342,83 @@ class Report:
                 ),
                 facts=tuple((str(k), str(v)) for k, v in dict(data.get("facts") or {}).items()),
                 error=str(data.get("error", "")),
+                timing=tuple((str(k).removesuffix("_s"), float(v))
+                             for k, v in dict(data.get("timing") or {}).items()),
+                version=str(dict(data.get("tool") or {}).get("version", "")),
+                policy=tuple((str(k), str(v)) for k, v in dict(data.get("policy") or {}).items()),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"not an audit report ({type(exc).__name__}: {exc})") from exc
 
 
+# -- two reports of one host ------------------------------------------------------------------
+
+
+def _started_at(text: str) -> dt.datetime | None:
+    try:
+        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return when if when.tzinfo is not None else when.replace(tzinfo=dt.timezone.utc)
+
+
+def _badness(report: Report) -> tuple[int, int, int, int]:
+    counts = Counter(f.counted for f in report.findings)
+    return (report.status.order, counts[Status.ERROR], counts[Status.FAIL], counts[Status.WARN])
+
+
+def _describe(report: Report) -> str:
+    if report.error:
+        return "could not be audited"
+    counts = Counter(f.counted.value for f in report.findings)
+    problems = ", ".join(f"{counts[s.value]} {s.value}" for s in PROBLEMS[::-1]
+                         if counts[s.value])
+    return f"{report.status.value}" + (f": {problems}" if problems else "")
+
+
+def pick_report(kept: Report, other: Report) -> tuple[Report, str]:
+    """Return which of two reports of one host to keep, and why (a few words).
+
+    The later start wins (times to the microsecond; reports of older versions have
+    whole seconds). Where the starts tie, the worse result wins, so a tie never hides a
+    problem; where the results are as bad, a digest of the content decides, so the
+    choice never depends on file names or the order the files were read in.
+    """
+    ours, theirs = _started_at(kept.started), _started_at(other.started)
+    if ours is not None and theirs is not None and ours != theirs:
+        return (other, "newer") if theirs > ours else (kept, "newer")
+    if ours is None and theirs is not None:
+        return other, "the other has no readable start time"
+    if theirs is None and ours is not None:
+        return kept, "the other has no readable start time"
+    bad_kept, bad_other = _badness(kept), _badness(other)
+    if bad_kept != bad_other:
+        worse, better = (other, kept) if bad_other > bad_kept else (kept, other)
+        return worse, (f"both started at {kept.started or 'an unknown time'}: keeping the worse "
+                       f"result ({_describe(worse)}, against {_describe(better)})")
+    digests = [hashlib.sha256(json.dumps(r.to_dict(), sort_keys=True).encode()).hexdigest()
+               for r in (kept, other)]
+    if digests[0] == digests[1]:
+        return kept, "the same report"
+    chosen = kept if digests[0] > digests[1] else other
+    return chosen, ("both started at the same time with results as bad "
+                    f"({_describe(chosen)}): keeping the one whose content digest sorts last")
+
+
 # -- the tuned state's fingerprint ------------------------------------------------------
 
 #: Bump when the fingerprint's inputs change, so old and new stamps never collide.
-FINGERPRINT_VERSION = 1
+#: 2: each finding is keyed by (check, subject, aspect).
+FINGERPRINT_VERSION = 2
 FINGERPRINT_LENGTH = 12
 
 
 def raw_status(finding: Finding) -> Status:
-    """Return the status the host really has: a waiver is policy, not tuning."""
+    """Return the status the host really has: a waiver is policy, not tuning.
+
+    A finding keeps its real status when waived; reports written before that turned a
+    waived finding into ``pass`` and kept the real status in its evidence (``waived``).
+    """
     if finding.status is not Status.PASS or not finding.evidence:
         return finding.status
     waived = dict(finding.evidence).get("waived")
@@ -277,9 +429,11 @@ def raw_status(finding: Finding) -> Status:
 
 
 def fingerprint_inputs(report: Report) -> dict[str, Any]:
-    """Return what defines a host's tuned state: check ids, subjects, statuses, observed."""
+    """Return what defines a host's tuned state: each finding's key, real status and observed
+    value, and the check ids."""
     findings = sorted(
-        {(f.check, f.subject, raw_status(f).value, f.observed) for f in report.findings}
+        {(f.check, f.subject, f.aspect, raw_status(f).value, f.observed)
+         for f in report.findings}
     )
     return {
         "version": FINGERPRINT_VERSION,

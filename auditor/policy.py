@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import fnmatch
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -26,6 +27,8 @@ from auditor.model import Finding, Status
 #:   stays off, deeper package states too), the rest as above.
 PROFILES = registry.PROFILES
 DEFAULT_PROFILE = registry.DEFAULT_PROFILE
+#: The largest policy file read (a policy is a few kilobytes).
+MAX_POLICY_BYTES = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,15 @@ class Policy:
     #: Each check's validated options, by check id (a check not named runs its defaults).
     options: Mapping[str, CheckOptions] = field(default_factory=dict)
     waivers: tuple[Waiver, ...] = ()
+    #: The policy file the values came from (None: the profile alone), and its SHA-256.
+    source: str | None = None
+    sha256: str = ""
+
+    def provenance(self) -> tuple[tuple[str, str], ...]:
+        """Return what a report records of the policy: the profile, the file and its hash."""
+        if self.source is None:
+            return (("profile", self.profile),)
+        return (("profile", self.profile), ("file", self.source), ("sha256", self.sha256))
 
     def options_for(self, check: CheckClass) -> CheckOptions:
         """Return the check's options under this policy (its defaults if it names none)."""
@@ -71,8 +83,9 @@ class Policy:
     def apply_waivers(self, finding: Finding, today: dt.date | None = None) -> Finding:
         """Return the finding waived by the first live waiver that matches, else unchanged.
 
-        A matching waiver past its expiry date waives nothing: the finding keeps its
-        status, and its message and evidence say which waiver lapsed and when.
+        A waived finding keeps its real status and is marked ``waived``, with the
+        waiver's reason; it no longer counts as a problem. A matching waiver past its
+        expiry date waives nothing: its message and evidence say which lapsed and when.
         """
         if finding.status not in (Status.WARN, Status.FAIL):
             return finding
@@ -84,15 +97,8 @@ class Policy:
             if waiver.expired(today):
                 lapsed = lapsed or waiver
                 continue
-            until = f" until {waiver.expires.isoformat()}" if waiver.expires else ""
-            return replace(
-                finding,
-                status=Status.PASS,
-                message=f"waived{until}: {waiver.reason} [{finding.status.value}: "
-                f"{finding.message}]",
-                evidence=(*finding.evidence, ("waived", finding.status.value),
-                          ("waiver_reason", waiver.reason)),
-            )
+            until = f" (until {waiver.expires.isoformat()})" if waiver.expires else ""
+            return replace(finding, waived=True, waiver=f"{waiver.reason}{until}")
         if lapsed is not None and lapsed.expires is not None:
             expired = lapsed.expires.isoformat()
             return replace(
@@ -160,6 +166,7 @@ def load_policy(
     """Build the policy from a profile name and an optional TOML file (the file wins)."""
     by_id = {c.id: c for c in checks}
     data: dict[str, Any] = {}
+    digest = ""
     if path is not None:
         try:
             import tomllib
@@ -167,7 +174,11 @@ def load_policy(
             import tomli as tomllib  # type: ignore[no-redef]
         try:
             with open(path, "rb") as handle:
-                data = tomllib.load(handle)
+                raw = handle.read(MAX_POLICY_BYTES + 1)
+            if len(raw) > MAX_POLICY_BYTES:
+                raise PolicyError(f"{path}: policy file larger than {MAX_POLICY_BYTES >> 20} MiB")
+            digest = hashlib.sha256(raw).hexdigest()
+            data = tomllib.loads(raw.decode("utf-8"))
         except OSError as exc:
             raise PolicyError(f"{path}: cannot read policy file ({exc.strerror})") from exc
         except tomllib.TOMLDecodeError as exc:
@@ -200,4 +211,4 @@ def load_policy(
     if not isinstance(raw_waivers, list):
         raise PolicyError(f"{source}: waivers must be an array of tables ([[waivers]])")
     waivers = tuple(_waiver(source, i, w, by_id) for i, w in enumerate(raw_waivers))
-    return Policy(profile=name, options=options, waivers=waivers)
+    return Policy(profile=name, options=options, waivers=waivers, source=path, sha256=digest)

@@ -19,11 +19,12 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from auditor.model import Report, Status, fingerprint
+from auditor.model import Finding, Report, Status, fingerprint
 
 #: Status codes of ``host_auditor_check_status``: higher is worse (``Status.order``).
 STATUS_CODES = {status: status.order for status in Status}
 _SURROGATES = re.compile("[\ud800-\udfff]")
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 #: The HELP text of every metric: fixed, so files written by two versions agree.
 HELP = {
@@ -76,6 +77,11 @@ def escape_label(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
+def _comment(value: str) -> str:
+    # A comment ends at the line's end: fold the value onto one line of printable text.
+    return _CONTROL.sub("?", " ".join(_SURROGATES.sub("\ufffd", value).split()))
+
+
 def _labels(pairs: Sequence[tuple[str, str]]) -> str:
     return "{" + ",".join(f'{key}="{escape_label(value)}"' for key, value in pairs) + "}"
 
@@ -120,15 +126,19 @@ def render_prometheus(reports: Sequence[Report]) -> str:
     info_lines: list[str] = []
     for report in reports:
         host = report.host
-        # A series must be unique: two findings on one subject keep the worse status.
-        worst: dict[tuple[str, str], tuple[Status, str]] = {}
+        # A series must be unique: a finding's key (check, subject, aspect) is, within a
+        # report; a report read back from elsewhere may repeat one: keep the worse.
+        worst: dict[tuple[str, str, str], Finding] = {}
         for finding in report.findings:
-            key = (finding.check, finding.subject)
-            if key not in worst or STATUS_CODES[finding.status] > STATUS_CODES[worst[key][0]]:
-                worst[key] = (finding.status, finding.severity.value)
-        for (check, subject), (verdict, severity) in worst.items():
+            key = finding.key
+            if key not in worst or STATUS_CODES[finding.status] > STATUS_CODES[
+                    worst[key].status]:
+                worst[key] = finding
+        for (check, subject, aspect), finding in worst.items():
             labels = _labels([("host", host), ("check", check), ("subject", subject),
-                              ("status", verdict.value), ("severity", severity)])
+                              ("aspect", aspect), ("status", finding.status.value),
+                              ("severity", finding.severity.value),
+                              ("waived", "true" if finding.waived else "false")])
             finding_lines.append(f"host_auditor_finding{labels} 1")
         for result in report.results:
             labels = _labels([("host", host), ("check", result.check)])
@@ -162,6 +172,12 @@ def render_prometheus(reports: Sequence[Report]) -> str:
     blocks += [(family.metric, family.help, "counter", _counter_lines(reports, family))
                for family in COUNTER_FAMILIES]
     out: list[str] = []
+    for report in reports:
+        # Comments in the exposition format: who made the numbers, and with what privilege.
+        # Each starts "# host-auditor": a host name can never make it a HELP or TYPE line.
+        privilege = dict(report.facts).get("privilege")
+        out.append(f"# host-auditor {_comment(report.version or '-')}: {_comment(report.host)}"
+                   + (f": audited without root ({_comment(privilege)})" if privilege else ""))
     for name, help_text, kind, lines in blocks:
         if not lines:
             continue

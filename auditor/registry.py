@@ -141,14 +141,23 @@ def reset() -> None:
 def select(
     checks: Sequence[CheckClass], only: Sequence[str] = (), skip: Sequence[str] = ()
 ) -> list[CheckClass]:
-    """Filter checks by ``--check`` and ``--skip`` ids; an unknown id is a usage error."""
-    known = {c.id for c in checks}
-    for check_id in [*only, *skip]:
-        if check_id not in known:
+    """Filter checks by ``--check`` and ``--skip``: ids, or shell patterns of ids (``pcie.*``).
+
+    An id that is not registered, or a pattern that matches none, is a usage error.
+    """
+    import fnmatch
+
+    known = [c.id for c in checks]
+    for wanted in [*only, *skip]:
+        if not fnmatch.filter(known, wanted):
             raise UsageError(
-                f"unknown check id {check_id!r} (known: {', '.join(sorted(known))})"
+                f"unknown check id {wanted!r} (known: {', '.join(sorted(known))})"
             )
-    return [c for c in checks if (not only or c.id in only) and c.id not in skip]
+
+    def named(check_id: str, patterns: Sequence[str]) -> bool:
+        return any(fnmatch.fnmatchcase(check_id, p) for p in patterns)
+
+    return [c for c in checks if (not only or named(c.id, only)) and not named(c.id, skip)]
 
 
 # -- what the registry derives --------------------------------------------------------------

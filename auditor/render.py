@@ -131,21 +131,50 @@ def make_environment(kind: Kind = "text", colour: bool = False) -> jinja2.Enviro
 def check_line(result: CheckResult) -> str:
     """Summarise one check's findings in one line."""
     findings = result.findings
-    bad = [f for f in findings if f.status in PROBLEMS]
+    bad = [f for f in findings if f.counted in PROBLEMS]
     if not bad:
-        return findings[0].message if len(findings) == 1 else (
+        line = findings[0].message if len(findings) == 1 else (
             f"{len(findings)} subjects: " + "; ".join(
-                dict.fromkeys(f"{f.status.value} {f.subject}" for f in findings)
+                dict.fromkeys(f"{f.status.value} {f.label}" for f in findings)
             )
         )
-    if len(bad) == 1:
-        return f"{bad[0].subject}: {bad[0].message}"
-    subjects = ", ".join(f.subject for f in bad[:6]) + (" ..." if len(bad) > 6 else "")
-    return f"{len(bad)} of {len(findings)} subjects: {subjects}"
+    elif len(bad) == 1:
+        line = f"{bad[0].label}: {bad[0].message}"
+    else:
+        subjects = ", ".join(f.label for f in bad[:6]) + (" ..." if len(bad) > 6 else "")
+        line = f"{len(bad)} of {len(findings)} subjects: {subjects}"
+    waived = sum(1 for f in findings if f.waived)
+    if waived and len(findings) == 1:
+        return f"waived {findings[0].status.value}: {line}"
+    return line + (f" ({waived} waived)" if waived else "")
 
 
 def _problems(report: Report) -> list[Finding]:
-    return [f for f in report.findings if f.status in PROBLEMS]
+    return [f for f in report.findings if f.counted in PROBLEMS]
+
+
+def _waived(report: Report) -> list[Finding]:
+    return [f for f in report.findings if f.waived]
+
+
+def provenance(report: Report) -> str:
+    """Return one line saying what made the report: the version, profile and policy file."""
+    policy = dict(report.policy)
+    parts = [f"host-auditor {report.version}" if report.version else "host-auditor"]
+    if "profile" in policy:
+        parts.append(f"profile {policy['profile']}")
+    if "file" in policy:
+        parts.append(f"policy {policy['file']} (sha256 {policy.get('sha256', '')[:12]})")
+    return ", ".join(parts)
+
+
+def timing_line(report: Report) -> str:
+    """Return the run time, with a remote audit's connect, collect and checks phases."""
+    total = f"{report.duration_s:.2f} s"
+    if not report.timing:
+        return total
+    return total + " (" + ", ".join(f"{name} {seconds:.2f} s"
+                                    for name, seconds in report.timing) + ")"
 
 
 def render_report(
@@ -189,18 +218,24 @@ def render_reports(
     template = env.get_template(_TEMPLATES[fmt])
     return template.render(
         reports=reports,
-        problems={r.host: _problems(r) for r in reports},
+        problems={id(r): _problems(r) for r in reports},
+        waived={id(r): _waived(r) for r in reports},
         check_line=check_line,
+        provenance=provenance,
+        timing_line=timing_line,
         fail_on=fail_on,
         Status=Status,
+        id=id,
     )
 
 
 def _fleet_summary(reports: Sequence[Report]) -> dict[str, Any]:
+    findings = count_by_status(f.status for r in reports for f in r.findings if not f.waived)
+    findings["waived"] = sum(r.waived for r in reports)
     return {
         "hosts": len(reports),
         "unreachable": sum(1 for r in reports if r.error),
-        "findings": count_by_status(f.status for r in reports for f in r.findings),
+        "findings": findings,
     }
 
 
@@ -294,10 +329,10 @@ def render_comparison(before: Report, after: Report) -> str:
     width = max(len(c) for c in checks)
     lines = ["before -> after:"]
     for check in checks:
-        was = worst(f.status for f in before.findings if f.check == check).value
+        was = worst(f.counted for f in before.findings if f.check == check).value
         now_findings = [f for f in after.findings if f.check == check]
-        now = worst(f.status for f in now_findings).value
-        left = [f.subject for f in now_findings if f.status in PROBLEMS]
+        now = worst(f.counted for f in now_findings).value
+        left = [f.label for f in now_findings if f.counted in PROBLEMS]
         still = f"  ({', '.join(left)})" if left else ""
         lines.append(f"  {check.ljust(width)}  {was:>5} -> {now}{still}")
     return "\n".join(lines) + "\n"

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from auditor.model import Report
+from auditor.model import Report, pick_report
 
 
 @dataclass(frozen=True)
@@ -69,8 +69,8 @@ def no_cycle_collection() -> Iterator[None]:
 def load_results(paths: Iterable[str]) -> LoadedResults:
     """Read per-host JSON reports; a file that cannot be read is noted and left out.
 
-    A host reported by several files keeps the newest report (by ``started``, then the
-    later file), and a note says so.
+    A host reported by several files keeps the newest report, or where the start times
+    tie the worse one (:func:`auditor.model.pick_report`), and a note says so.
     """
     with no_cycle_collection():
         return _load_results(paths)
@@ -130,13 +130,13 @@ def _load_results(paths: Iterable[str]) -> LoadedResults:
                 loaded.reports.append(report)
                 loaded.sources[report.host] = path
                 continue
-            kept = loaded.reports[seen]
-            newer = report.started >= kept.started
+            chosen, why = pick_report(loaded.reports[seen], report)
+            keep = path if chosen is report else loaded.sources[report.host]
             loaded.notes.append(
                 f"{report.host}: reported by {loaded.sources[report.host]} and {path}; "
-                f"keeping {path if newer else loaded.sources[report.host]} (newer)"
+                f"keeping {keep} ({why})"
             )
-            if newer:
+            if chosen is report:
                 loaded.reports[seen] = report
                 loaded.sources[report.host] = path
     return loaded

@@ -51,9 +51,30 @@ def run_check(host: Host, check: CheckClass, policy: Policy, debug: bool = False
         findings = [_error(check, f"check raised {type(exc).__name__}: {exc}")]
     today = dt.date.today()
     stamped = tuple(
-        policy.apply_waivers(replace(f, host=host.name, check=check.id), today) for f in findings
+        policy.apply_waivers(replace(f, host=host.name, check=check.id), today)
+        for f in _unique_keys(findings)
     )
     return CheckResult(check=check.id, duration_s=time.perf_counter() - started, findings=stamped)
+
+
+def _unique_keys(findings: list[Finding]) -> list[Finding]:
+    """Keep each finding's key (check, subject, aspect) unique within the check's findings.
+
+    A check that judges two things of one subject names each with an aspect; one that
+    does not gets a stable one here (``2``, ``3``, ... in the order it yields them), so
+    the text view, the golden diff and the fingerprint never merge two findings.
+    """
+    seen: dict[tuple[str, str], int] = {}
+    unique: list[Finding] = []
+    for finding in findings:
+        key = (finding.subject, finding.aspect)
+        count = seen.get(key, 0) + 1
+        seen[key] = count
+        if count > 1:
+            aspect = f"{finding.aspect}#{count}" if finding.aspect else str(count)
+            finding = replace(finding, aspect=aspect)
+        unique.append(finding)
+    return unique
 
 
 def host_facts(host: Host) -> tuple[tuple[str, str], ...]:
@@ -82,6 +103,8 @@ def audit(
     workers: int | None = None,
 ) -> Report:
     """Run every check against ``host`` in parallel and collect the report."""
+    from auditor import __version__
+
     started_at = dt.datetime.now(dt.timezone.utc)
     started = time.perf_counter()
     pool_size = max(1, min(len(checks), workers or 8))
@@ -92,26 +115,71 @@ def audit(
     return Report(
         host=host.name,
         target=host.target,
-        started=started_at.isoformat(timespec="seconds"),
+        # Sub-second: two reports of one host from one second still order (audit merge).
+        started=started_at.isoformat(timespec="microseconds"),
         duration_s=time.perf_counter() - started,
         results=results,
         facts=facts,
+        version=__version__,
+        policy=policy.provenance(),
     )
 
 
 # -- many hosts --------------------------------------------------------------------------
 
 
+#: The longest error line kept for one host (an exception's text can be anything).
+MAX_ERROR_LINE = 400
+
+
+def one_line(text: str, limit: int = MAX_ERROR_LINE) -> str:
+    """Fold a message onto one bounded line: a host's error is always exactly one line."""
+    folded = " ".join(text.split())
+    return folded if len(folded) <= limit else folded[: limit - 3].rstrip() + "..."
+
+
 def _error_report(target: SshTarget, started: dt.datetime, elapsed: float, message: str,
-                  ssh_target: str) -> Report:
+                  ssh_target: str, timing: tuple[tuple[str, float], ...] = ()) -> Report:
+    from auditor import __version__
+
     return Report(
         host=target.display,
         target=ssh_target,
-        started=started.isoformat(timespec="seconds"),
+        started=started.isoformat(timespec="microseconds"),
         duration_s=elapsed,
         results=(),
         error=message,
+        timing=timing,
+        version=__version__,
     )
+
+
+def remote_timing(host: SshHost, checks_s: float | None = None) -> tuple[tuple[str, float], ...]:
+    """Return the phases a remote audit spent its time on: connect, collect, checks."""
+    phases = [("connect", host.connect_s), ("collect", host.collect_s)]
+    if checks_s is not None:
+        phases.append(("checks", checks_s))
+    return tuple((name, seconds) for name, seconds in phases if seconds or name == "checks")
+
+
+def remote_report(host: SshHost, report: Report, started: dt.datetime, elapsed: float) -> Report:
+    """Return a remote host's report with its whole time, its phases and its privilege."""
+    facts = report.facts
+    if host.privilege_note:
+        # Reports show why root-only reads (PCI config past 64 bytes) are missing.
+        facts = (*facts, ("privilege", host.privilege_note))
+    return replace(report, started=started.isoformat(timespec="microseconds"),
+                   duration_s=elapsed, facts=facts,
+                   timing=remote_timing(host, report.duration_s))
+
+
+def sudo_fell_back(host: SshHost, sudo: bool) -> str:
+    """Return the line that says --sudo was asked for and the audit ran without root, or ""."""
+    collection = host.collection
+    if not sudo or collection is None or collection.root:
+        return ""
+    return (f"{host.spec.display}: --sudo: {host.privilege_note or 'not run as root'}; "
+            "audited without root")
 
 
 #: Fewest hosts worth a worker process of their own (below, the fork costs more).
@@ -151,7 +219,8 @@ class FleetAudit:
     def __init__(self, targets: Sequence[SshTarget], options: SshOptions,
                  checks: Sequence[CheckClass], policy: Policy, *, parallel: int = 32,
                  debug: bool = False, workers: int | None = None,
-                 on_error: Callable[[str], None] | None = None) -> None:
+                 on_error: Callable[[str], None] | None = None,
+                 on_note: Callable[[str], None] | None = None) -> None:
         from auditor.hosts.ssh import SshContext
         from auditor.registry import collected_paths
 
@@ -173,6 +242,8 @@ class FleetAudit:
         self._stopping = threading.Event()
         #: Called with one line for each host that could not be audited, as it happens.
         self.on_error = on_error or (lambda line: None)
+        #: Called with one line for a host audited with less than was asked (--sudo denied).
+        self.on_note = on_note or (lambda line: None)
 
     def audit_one(self, index: int) -> Report | None:
         """Connect to one host, collect, run the checks; an unreachable host is an error report."""
@@ -190,28 +261,28 @@ class FleetAudit:
             host.connect()
             host.collect(self.patterns)
             report = audit(host, self.checks, self.policy, debug=self.debug, workers=1)
-            if host.privilege_note:
-                # Reports show why root-only reads (PCI config past 64 bytes) are missing.
-                report = replace(report, facts=(*report.facts,
-                                                ("privilege", host.privilege_note)))
+            report = remote_report(host, report, started_at, time.perf_counter() - started)
+            fell_back = sudo_fell_back(host, self.options.sudo)
+            if fell_back:
+                self.on_note(fell_back)
         except AuditorError as exc:
             if self._stopping.is_set():
                 return None  # closed by Ctrl-C: not this host's fault
             if self.debug and not isinstance(exc, UsageError):
                 raise
-            message = str(exc)
+            message = one_line(str(exc))
             self.on_error(message)
             report = _error_report(target, started_at, time.perf_counter() - started, message,
-                                   host.target)
+                                   host.target, remote_timing(host))
         except Exception as exc:
             if self._stopping.is_set():
                 return None
             if self.debug:
                 raise
-            message = f"{target.display}: {type(exc).__name__}: {exc}"
+            message = one_line(f"{target.display}: {type(exc).__name__}: {exc}")
             self.on_error(message)
             report = _error_report(target, started_at, time.perf_counter() - started, message,
-                                   host.target)
+                                   host.target, remote_timing(host))
         finally:
             host.close()
             with self._lock:

@@ -5,12 +5,17 @@ MaxReadReq; an NVIDIA module or device node event can change the driver version 
 the character device majors containers are allowed. The watch listens on the udev
 netlink socket (pyudev), batches a burst of events, re-runs only the affected checks
 on the live host and prints one line per finding that changed since the previous run.
+With ``--source auto`` it listens to udev's events only when a udevd answers, else to
+the kernel's (a udevd that stopped may leave its socket behind).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import os
+import shutil
+import socket
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -91,8 +96,8 @@ def _from_pyudev(device: Any) -> DeviceEvent:
     )
 
 
-def _state(findings: Sequence[Finding]) -> dict[tuple[str, str], Finding]:
-    return {(f.check, f.subject): f for f in findings}
+def _state(findings: Sequence[Finding]) -> dict[tuple[str, str, str], Finding]:
+    return {f.key: f for f in findings}
 
 
 def changes(before: Sequence[Finding], after: Sequence[Finding]) -> list[str]:
@@ -101,7 +106,9 @@ def changes(before: Sequence[Finding], after: Sequence[Finding]) -> list[str]:
     lines: list[str] = []
     for key in sorted(old.keys() | new.keys()):
         was, now = old.get(key), new.get(key)
-        check, subject = key
+        check, subject, aspect = key
+        if aspect:
+            subject = f"{subject} [{aspect}]"
         if was is None and now is not None:
             lines.append(f"{check} {subject}: new {now.status.value} (observed {now.observed!r})"
                          f": {now.message}")
@@ -144,6 +151,75 @@ class Watcher:
         return lines
 
 
+#: The socket udevd takes commands on; a udevd that stopped can leave it behind.
+UDEV_CONTROL = "/run/udev/control"
+PROBE_TIMEOUT_S = 2
+
+
+def udev_answers(control: str = UDEV_CONTROL) -> tuple[bool, str]:
+    """Return whether a udevd is running to re-broadcast events, and how that was told.
+
+    udevd re-broadcasts each kernel event on the udev netlink group once it has
+    processed it; with no udevd nothing arrives there, whatever socket file is left
+    in ``/run/udev``. As root, ``udevadm control --ping`` asks udevd itself; else a
+    connection to its control socket is tried: a socket left behind refuses it.
+    """
+    udevadm = shutil.which("udevadm")
+    if udevadm is not None and os.geteuid() == 0:
+        try:
+            ping = subprocess.run([udevadm, "control", "--ping", f"--timeout={PROBE_TIMEOUT_S}"],
+                                  capture_output=True, timeout=PROBE_TIMEOUT_S + 5, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return False, "udevadm control --ping did not finish"
+        if ping.returncode == 0:
+            return True, "udevd answered udevadm control --ping"
+        return False, "udevd did not answer udevadm control --ping"
+    if not os.path.exists(control):
+        return False, f"no udevd: {control} does not exist"
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    probe.settimeout(PROBE_TIMEOUT_S)
+    try:
+        probe.connect(control)
+    except PermissionError:
+        # Not root: the socket cannot be tried; a udevd process says the same.
+        if _udevd_running():
+            return True, "a udevd process is running (not root: it was not asked)"
+        return False, f"no udevd process is running ({control} is left behind)"
+    except OSError as exc:
+        return False, f"no udevd answers on {control} ({exc.strerror or exc})"
+    finally:
+        probe.close()
+    return True, f"udevd accepts connections on {control}"
+
+
+def _udevd_running(proc: str = "/proc", limit: int = 1 << 16) -> bool:
+    """Return whether a process named udevd or systemd-udevd is running (bounded scan)."""
+    try:
+        names = os.listdir(proc)
+    except OSError:
+        return False
+    for name in names[:limit]:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"{proc}/{name}/comm", encoding="utf-8", errors="replace") as handle:
+                if handle.read(64).strip() in ("systemd-udevd", "udevd"):
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def choose_source(source: str) -> tuple[str, str]:
+    """Return the event source to listen to and why (``auto``: udev only if udevd answers)."""
+    if source == "kernel":
+        return "kernel", "as asked"
+    alive, why = udev_answers()
+    if source == "udev":
+        return "udev", "as asked" if alive else f"as asked, but {why}: no event will arrive"
+    return ("udev", why) if alive else ("kernel", why)
+
+
 def _stamp() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
@@ -176,9 +252,8 @@ def watch(
         stream.write(line + "\n")
         stream.flush()
 
-    if source == "auto":
-        # Without udevd nothing is re-broadcast on the udev group: listen to the kernel.
-        source = "udev" if os.path.exists("/run/udev/control") else "kernel"
+    # Without udevd nothing is re-broadcast on the udev group: listen to the kernel.
+    source, why = choose_source(source)
     try:
         context = pyudev.Context()
         monitor = pyudev.Monitor.from_netlink(context, source=source)
@@ -190,7 +265,7 @@ def watch(
     watcher.run([c.id for c in checks])
     baseline = sum(len(f) for f in watcher.last.values())
     say(log, f"audit watch: {host.name}: watching {', '.join(sorted(watcher.checks))} "
-             f"({baseline} findings) on {source} events")
+             f"({baseline} findings) on {source} events ({why})")
     if ready is not None:
         ready()
     deadline = time.monotonic() + timeout if timeout is not None else None

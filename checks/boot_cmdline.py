@@ -124,9 +124,11 @@ def _acs_repeats(tokens: Sequence[str]) -> list[Problem]:
     for option in ACS_OPTIONS:
         holders = [t for t in tokens if param_key(t) == "pci"
                    and any(o.startswith(option) for o in t.partition("=")[2].split(","))]
-        count = sum(1 for t in holders for o in t.partition("=")[2].split(",")
-                    if o.startswith(option))
-        if count < 2:
+        values = [o for t in holders for o in t.partition("=")[2].split(",")
+                  if o.startswith(option)]
+        count = len(values)
+        # The same list given twice loses nothing: only different lists lose devices.
+        if len({v.replace("\\;", ";") for v in values}) < 2:
             continue
         devices: list[str] = []
         for token in holders:

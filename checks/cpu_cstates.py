@@ -3,20 +3,47 @@
 A CPU in a deep C-state (C6 on Intel, C2 on AMD EPYC) needs tens to hundreds of
 microseconds to wake. Every wake-up of an inference server's launch or network thread
 pays that exit latency, so the deep states show up directly in token latency.
+
+A state is judged by what it is as well as by the exit latency firmware declares:
+on AMD Zen (EPYC), acpi_idle's ``C2`` entered through an ACPI I/O port (``ACPI IOPORT
+0x814``) is CC6, the core power-off, whatever latency the BIOS declares (30 to 800 us
+are seen). A state a PM QoS limit keeps the governor from choosing (tuned's
+``force_latency``, a process holding /dev/cpu_dma_latency) is not a finding: the
+cpuidle governors skip every state whose exit latency exceeds the limit
+(drivers/cpuidle/governor.c ``cpuidle_governor_latency_req``, governors/menu.c).
+The boot-time cap matches the idle driver: ``intel_idle.max_cstate=N`` keeps
+intel_idle's first N states (drivers/idle/intel_idle.c), ``processor.max_cstate=N``
+keeps acpi_idle's _CST states C1..CN (drivers/acpi/processor_idle.c
+``acpi_processor_setup_cstates``) and does nothing on the ACPI LPI path (states
+``LPI-n``, arm64), where a unit disables the states at every boot instead.
 """
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Iterable, Sequence
+import sys
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+from auditor import environment as where
 from auditor.check import Check, CheckOptions, option
+from auditor.checks.lib import tuned
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity
 from auditor.parsing import format_cpulist, kernel_cmdline_params, parse_cpulist
-from auditor.remediations.steps import FixContext, Remedy, SetValue, Step, evidence
+from auditor.remediations.steps import (
+    Advice,
+    FixContext,
+    MakeSymlink,
+    Remedy,
+    RunCommand,
+    SetValue,
+    Step,
+    WriteFile,
+    evidence,
+)
 
 CPU_DIR = "/sys/devices/system/cpu"
 DRIVER = f"{CPU_DIR}/cpuidle/current_driver"
@@ -34,11 +61,22 @@ GUEST_DRIVERS = frozenset({"haltpoll"})
 #: Enough for any CPU the kernel supports (CPUIDLE_STATE_MAX is 10).
 _MAX_STATES = 16
 
-#: Boot parameters that cap the idle driver at C1, by cpuidle driver.
-BOOT_PARAMS = {
-    "intel_idle": ("intel_idle.max_cstate=1", "processor.max_cstate=1"),
-    "acpi_idle": ("processor.max_cstate=1",),
-}
+#: The module parameter that caps each idle driver at boot (drivers with none: see above).
+CAP_PARAMS = {"intel_idle": "intel_idle.max_cstate", "acpi_idle": "processor.max_cstate"}
+#: /dev/cpu_dma_latency: reading it (root) returns the CPU latency QoS limit now, a
+#: native s32 in microseconds (kernel/power/qos.c ``cpu_latency_qos_read``); with no
+#: request it is the default, 2000 s.
+CPU_DMA_LATENCY = "/dev/cpu_dma_latency"
+QOS_DEFAULT_US = 2_000_000_000
+CPUINFO = "/proc/cpuinfo"
+#: Deep states by what they are: (CPU vendors, first family, driver, state name, desc prefix).
+KNOWN_DEEP = (
+    (("AuthenticAMD", "HygonGenuine"), 0x17, "acpi_idle", "C2", "ACPI IOPORT",
+     "CC6, the core power-off of AMD Zen (EPYC)"),
+)
+UNIT_NAME = "host-auditor-cpuidle.service"
+UNIT = f"/etc/systemd/system/{UNIT_NAME}"
+WANTS = f"/etc/systemd/system/multi-user.target.wants/{UNIT_NAME}"
 
 _STATE = re.compile(r"state[0-9]+")
 _CPU_NAME = re.compile(r"^cpu([0-9]{1,5})$")
@@ -164,6 +202,96 @@ def cstate_limits(host: Host, params: dict[str, str]) -> list[str]:
     return notes
 
 
+def cpu_identity(host: Host) -> tuple[str, int]:
+    """Return the CPU vendor and family from /proc/cpuinfo (x86), or ("", -1)."""
+    vendor, family = "", -1
+    for line in where.cpuinfo(host).split("\n")[:64]:
+        name, _, value = line.partition(":")
+        name, value = name.strip(), value.strip()
+        if name == "vendor_id" and not vendor:
+            vendor = value[:16]
+        elif name == "cpu family" and family < 0 and value.isascii() and value.isdigit():
+            family = int(value[:4])
+        if not line.strip() and vendor:
+            break
+    return vendor, family
+
+
+def known_deep(vendor: str, family: int, driver: str, state: IdleState,
+               desc: Callable[[], str]) -> str:
+    """Return what a state is when its identity makes it deep whatever its latency, or "".
+
+    ``desc`` reads the state's description, only for a state that may be one.
+    """
+    for vendors, first_family, on_driver, name, prefix, what in KNOWN_DEEP:
+        if (vendor in vendors and family >= first_family and driver == on_driver
+                and state.name == name and desc().startswith(prefix)):
+            return what
+    return ""
+
+
+@dataclass(frozen=True)
+class QosLimit:
+    """A CPU latency QoS limit in force, and who holds it."""
+
+    us: int
+    holder: str
+
+
+def force_latency_us(value: str, states: Sequence[IdleState]) -> int | None:
+    """Resolve tuned's ``force_latency`` to microseconds as tuned's cpu plugin does.
+
+    Alternatives are separated by ``|``, the first that resolves wins: a number,
+    ``cstate.id:N`` or ``cstate.name:NAME`` (that state's exit latency), or
+    ``cstate.id_no_zero:N`` (the same, unless it is 0).
+    """
+    for item in value.split("|")[:8]:
+        item = item.strip()
+        kind, _, arg = item.partition(":")
+        if item.isascii() and item.isdigit() and len(item) < 10:
+            return int(item)
+        if kind in ("cstate.id", "cstate.id_no_zero") and arg.isascii() and arg.isdigit():
+            found = next((s for s in states if s.index == int(arg[:4])), None)
+        elif kind == "cstate.name":
+            found = next((s for s in states if s.name == arg), None)
+        else:
+            continue
+        latency = found.latency_us if found is not None else None
+        if latency is None or (kind == "cstate.id_no_zero" and latency == 0):
+            continue
+        return latency
+    return None
+
+
+def qos_limit(host: Host, states: Sequence[IdleState]) -> QosLimit | None:
+    """Return the CPU latency QoS limit held now, with its holder, or None.
+
+    tuned holds one through /dev/cpu_dma_latency while its active profile sets
+    ``[cpu] force_latency``. On this machine, as root, the device itself says the
+    limit in force, whoever holds it.
+    """
+    found: list[QosLimit] = []
+    state = tuned.active(host)
+    if state is not None and state.force_latency is not None:
+        value, path = state.force_latency
+        us = force_latency_us(value, states)
+        if us is not None:
+            found.append(QosLimit(us, f"tuned's active profile {state.profiles_text} "
+                                      f"(force_latency={value} in {path})"))
+    entry = host.stat(CPU_DMA_LATENCY) if host.kind == "local" else None
+    if entry is not None and entry.kind == "chr":
+        try:
+            raw = host.read_bytes(CPU_DMA_LATENCY, 4)
+        except OSError:
+            raw = b""
+        if len(raw) == 4:
+            us = int.from_bytes(raw, sys.byteorder, signed=True)
+            if 0 <= us < QOS_DEFAULT_US and not any(q.us == us for q in found):
+                found.append(QosLimit(us, f"a process holding {CPU_DMA_LATENCY} open (it reads "
+                                          f"{us} us; fuser -v {CPU_DMA_LATENCY} names it)"))
+    return min(found, key=lambda q: q.us) if found else None
+
+
 @dataclass(frozen=True)
 class CstateOptions(CheckOptions):
     """Options of ``cpu.cstates``."""
@@ -171,6 +299,9 @@ class CstateOptions(CheckOptions):
     max_exit_latency_us: int = option(
         20, minimum=0, maximum=100_000,
         help="the longest exit latency (us) an enabled idle state may declare")
+    judge_identity: bool = option(
+        True, help="judge known deep states (AMD Zen's CC6 behind acpi_idle's C2) as too "
+                   "deep whatever exit latency the firmware declares")
 
 
 class CpuCstates(Check[CstateOptions]):
@@ -185,24 +316,32 @@ class CpuCstates(Check[CstateOptions]):
         f"{CPU_DIR}/cpu*/cpuidle/driver/name",
         CMDLINE,
         *(path for path, _ in MODULE_LIMITS.values()),
+        CPU_DMA_LATENCY,
+        *tuned.READS,
+        # Process names: a running tuned holds its profile's latency limit.
+        "/proc/[0-9]*/comm",
+        *where.READS,
     )
     rationale: ClassVar[str] = (
         "Between bursts the threads that launch GPU kernels, move tokens and answer the "
         "network go idle, and cpuidle puts their cores into the deepest state it expects to "
-        "pay off. Leaving C6 on Intel or C2 on AMD EPYC takes tens to hundreds of "
+        "pay off. Leaving C6 on Intel or C2 (CC6) on AMD EPYC takes tens to hundreds of "
         "microseconds, paid on every wake-up: it shows as inter-token latency and jitter."
     )
     remedy: ClassVar[str] = (
         "Disable the states whose exit latency exceeds the limit now "
         "(cpupower idle-set -d N, or write 1 to /sys/devices/system/cpu/cpu*/cpuidle/stateN/"
-        "disable) and persist it: a tuned profile (latency-performance), a systemd unit, or "
-        "intel_idle.max_cstate= / processor.max_cstate= on the kernel command line."
+        "disable) and persist it in the idle driver's own way: intel_idle.max_cstate= for "
+        "intel_idle, processor.max_cstate= for acpi_idle's C-states, a unit at boot for the "
+        "ACPI LPI states of arm64; or hold a PM QoS limit (tuned's latency-performance "
+        "profile, force_latency)."
     )
     options_type: ClassVar[type[CheckOptions]] = CstateOptions
     profiles: ClassVar[dict[str, dict[str, object]]] = {
         "latency": {"max_exit_latency_us": 2},
         "throughput": {"max_exit_latency_us": 50},
     }
+    fix_reads: ClassVar[tuple[str, ...]] = (UNIT, WANTS)
 
     def evaluate(self, host: Host) -> Iterable[Finding]:
         limit = self.options.max_exit_latency_us
@@ -210,8 +349,19 @@ class CpuCstates(Check[CstateOptions]):
         params = kernel_cmdline_params(host.read_optional(CMDLINE) or "")
         idle = params.get("idle")
         notes = cstate_limits(host, params)
+        env = where.environment(host)
+        if env.in_container:
+            notes.append(f"read {env.inside()}: these are the host's CPUs and "
+                         "/sys is the host's, so the fix belongs on the host")
         note = f"; {'; '.join(notes)}" if notes else ""
+        if env.vm:
+            # The guest's own states, where it has any, still count (a vCPU pinned with
+            # MWAIT passed through enters them), but the physical core is the host's.
+            note += (f"; in a VM guest ({env.hypervisor}) the hypervisor host's C-states "
+                     "decide how fast the physical CPU wakes: audit the host too")
         base_evidence = {"driver": driver or "", "limit_us": str(limit)}
+        if not env.bare_metal:
+            base_evidence["environment"] = env.describe()
         if idle == "poll":
             yield self.passed(
                 "cpuidle",
@@ -224,7 +374,8 @@ class CpuCstates(Check[CstateOptions]):
             return
         uses = state_usage(host, online_cpus(host))
         if not uses:
-            yield self._without_states(driver, idle, limit, note, base_evidence)
+            limits = f"; {'; '.join(notes)}" if notes else ""
+            yield self._without_states(driver, idle, limit, limits, base_evidence, env)
             return
         driver = driver or "unknown"
         base_evidence["driver"] = driver
@@ -232,7 +383,7 @@ class CpuCstates(Check[CstateOptions]):
 
     def _without_states(
         self, driver: str | None, idle: str | None, limit: int, note: str,
-        evidence: dict[str, str],
+        evidence: dict[str, str], env: where.Environment,
     ) -> Finding:
         if idle == "halt":
             return self.passed(
@@ -244,10 +395,11 @@ class CpuCstates(Check[CstateOptions]):
         if driver is None:
             reason = f"{DRIVER} is missing: this kernel has no cpuidle, C-states cannot be read"
         elif driver == "none":
+            guest = f"a VM guest ({env.hypervisor})" if env.vm else "a VM guest"
             reason = (
-                "no cpuidle driver is registered (cpuidle driver 'none'): a VM without "
-                "cpuidle, whose idle vCPUs halt into the hypervisor; the host's C-states "
-                "decide the wake-up latency"
+                f"no cpuidle driver is registered (cpuidle driver 'none'): {guest} without "
+                "cpuidle, whose idle vCPUs halt into the hypervisor; the hypervisor host's "
+                "C-states decide the wake-up latency, so audit the host"
             )
         else:
             reason = f"cpuidle driver {driver} is registered but no CPU lists idle states"
@@ -259,6 +411,9 @@ class CpuCstates(Check[CstateOptions]):
     ) -> Iterable[Finding]:
         judged_all, failed = True, False
         deepest: tuple[int, str] | None = None
+        vendor, family = cpu_identity(host) if self.options.judge_identity else ("", -1)
+        qos = qos_limit(host, [u.state for u in uses])
+        blocked: list[str] = []
         for use in uses:
             state = use.state
             latency = state.latency_us
@@ -274,18 +429,26 @@ class CpuCstates(Check[CstateOptions]):
                 )
                 judged_all = False
                 continue
-            if latency <= limit:
+            identity = known_deep(vendor, family, driver, state,
+                                  functools.partial(self._desc, host, use))
+            if latency <= limit and not identity:
                 if deepest is None or latency >= deepest[0]:
                     deepest = (latency, state.name)
                 continue
+            if qos is not None and latency > qos.us:
+                # The governors never pick a state whose exit latency exceeds the limit.
+                blocked.append(f"{state.name} ({latency} us)")
+                continue
             failed = True
-            yield self._too_deep(host, use, latency, cpus, driver, limit, note, base_evidence)
+            yield self._too_deep(host, use, latency, cpus, driver, limit, note, base_evidence,
+                                 identity)
         if failed or not judged_all:
             return
         if deepest is None:
             summary = "every idle state is disabled"
         else:
             summary = f"the deepest enabled state is {deepest[1]} ({deepest[0]} us)"
+        evidence = dict(base_evidence)
         if driver in GUEST_DRIVERS:
             summary = (
                 f"cpuidle driver {driver} is a paravirtual guest driver (poll, then halt into "
@@ -293,48 +456,84 @@ class CpuCstates(Check[CstateOptions]):
             )
         else:
             summary = f"{summary}, within the {limit} us limit (driver {driver})"
+        if blocked and qos is not None:
+            summary = (f"{summary}; {', '.join(blocked)} is enabled but never entered: "
+                       f"{qos.holder} holds a CPU latency limit of {qos.us} us, and cpuidle "
+                       "picks no state whose exit latency exceeds it")
+            evidence["qos_us"] = str(qos.us)
+            evidence["qos_holder"] = qos.holder
         yield self.passed(
             "cpuidle", summary + note,
             observed=f"{deepest[0]} us" if deepest else "all disabled",
-            expected=f"<= {limit} us", evidence=base_evidence,
+            expected=f"<= {limit} us", evidence=evidence,
         )
 
     def _too_deep(
         self, host: Host, use: StateUse, latency: int, cpus: str, driver: str, limit: int,
-        note: str, base_evidence: dict[str, str],
+        note: str, base_evidence: dict[str, str], identity: str,
     ) -> Finding:
         state = use.state
         directory = f"state{state.index}"
         # desc and residency are the driver's, the same on every CPU: read them once.
         sample = f"{CPU_DIR}/cpu{use.enabled[0]}/cpuidle/{directory}"
-        desc = host.read_optional(f"{sample}/desc") or ""
+        desc = self._desc(host, use)
         residency = host.read_optional(f"{sample}/residency") or ""
         partly = (
             f" (disabled on CPUs {format_cpulist(use.disabled)})" if use.disabled else ""
         )
+        if identity and latency <= limit:
+            what = (f"idle state {state.name} ({directory}, {desc}) is {identity}, whatever "
+                    f"the {latency} us exit latency the firmware declares")
+            observed = f"{state.name} = {identity.split(',')[0]}"
+        else:
+            what = (f"idle state {state.name} ({directory}, exit latency {latency} us > "
+                    f"{limit} us)")
+            if identity:
+                what += f" is {identity}"
+            observed = f"{latency} us"
+        evidence = {
+            **base_evidence,
+            "state": directory,
+            "cpus": cpus,
+            "latency_us": str(latency),
+            "desc": desc,
+            "residency_us": residency if residency.isascii() and residency.isdigit() else "",
+        }
+        if identity:
+            evidence["identity"] = identity
         return self.failed(
             state.name,
-            f"idle state {state.name} ({directory}, exit latency {latency} us > {limit} us) "
-            f"is enabled on CPUs {cpus}{partly} (driver {driver}){note}",
-            observed=f"{latency} us", expected=f"<= {limit} us",
-            fix=f"cpupower -c {cpus} idle-set -d {state.index}",
-            evidence={
-                **base_evidence,
-                "state": directory,
-                "cpus": cpus,
-                "latency_us": str(latency),
-                "desc": desc,
-                "residency_us": residency if residency.isascii() and residency.isdigit() else "",
-            },
+            f"{what}; it is enabled on CPUs {cpus}{partly} (driver {driver}){note}",
+            observed=observed, expected=f"<= {limit} us",
+            fix=(("on the host: " if "environment" in base_evidence
+                  and "container" in base_evidence["environment"] else "")
+                 + f"cpupower -c {cpus} idle-set -d {state.index}"),
+            evidence=evidence,
         )
+
+    @staticmethod
+    def _desc(host: Host, use: StateUse) -> str:
+        """Return a state's description: the driver's, the same on every CPU (read once)."""
+        path = f"{CPU_DIR}/cpu{use.enabled[0]}/cpuidle/state{use.state.index}/desc"
+        return host.fact("text:" + path, lambda h: h.read_optional(path) or "")
 
     # -- the fix --------------------------------------------------------------------------
 
     def remediate(
         self, host: Host, findings: Sequence[Finding], context: FixContext
     ) -> list[Remedy]:
-        """Write 1 to each too-deep state's ``disable`` file and cap the idle driver at boot."""
+        """Disable each too-deep state now, and at boot in the idle driver's own way."""
+        env = where.environment(host)
+        if env.in_container:
+            # /sys is the host's and read-only here: nothing to write in the container.
+            return [Remedy(
+                check=self.id, subject=f.subject,
+                title=f"disable {f.subject} on the host",
+                advice=(Advice(f"on the host, not in this {env.describe()}: {f.fix}"),),
+            ) for f in findings if f.fix]
         remedies: list[Remedy] = []
+        first_failing: dict[str, tuple[int, str]] = {}
+        unit_states: set[int] = set()
         for finding in findings:
             ev = evidence(finding)
             state = ev.get("state", "")
@@ -350,19 +549,87 @@ class CpuCstates(Check[CstateOptions]):
                 if host.exists(path):
                     steps.append(SetValue(path, "1"))
             driver = ev.get("driver", "")
-            params = BOOT_PARAMS.get(driver, ())
-            if not params:
-                notes = (f"cpuidle driver {driver or 'unknown'!s} has no boot parameter that "
-                         "caps C-states: the runtime change lasts until the next boot",)
+            index = int(state.removeprefix("state"))
+            notes: tuple[str, ...]
+            if driver in CAP_PARAMS and not finding.subject.startswith("LPI-"):
+                if driver not in first_failing or index < first_failing[driver][0]:
+                    first_failing[driver] = (index, finding.subject)
+                notes = ()
             else:
-                notes = ("max_cstate=1 keeps only C1 at boot, which may be stricter than the "
-                         f"{ev.get('limit_us', '?')} us limit",)
+                unit_states.add(index)
+                why = ("processor.max_cstate does nothing on the ACPI LPI path"
+                       if finding.subject.startswith("LPI-") else
+                       f"cpuidle driver {driver or 'unknown'!s} has no boot parameter that "
+                       "caps C-states")
+                notes = (f"{why}: a unit disables the state at every boot",)
             remedies.append(Remedy(
                 check=self.id,
                 subject=finding.subject,
                 title=f"disable {finding.subject} ({state}) on CPUs {ev.get('cpus', '')}",
                 runtime=tuple(steps),
-                boot_params=params,
                 notes=notes,
             ))
+        for driver, (index, name) in first_failing.items():
+            cap = _cap(driver, index, name)
+            if cap is None:
+                continue
+            param, kept = cap
+            remedies.append(Remedy(
+                check=self.id, subject="boot",
+                title=f"cap {driver} at boot ({param})",
+                boot_params=(param,),
+                notes=(f"{param} keeps {kept} at boot: {name} and deeper are not registered",),
+            ))
+        if unit_states:
+            remedies.append(Remedy(
+                check=self.id, subject="boot",
+                title="disable the deep idle states at every boot",
+                persistent=(
+                    WriteFile(UNIT, unit_text(sorted(unit_states))),
+                    MakeSymlink(WANTS, UNIT),
+                    RunCommand(("systemctl", "daemon-reload"), after=(0,),
+                               undo=("systemctl", "daemon-reload"), optional=True),
+                ),
+            ))
         return remedies
+
+
+def _cap(driver: str, index: int, name: str) -> tuple[str, str] | None:
+    """Return the boot parameter that keeps only the states shallower than state ``index``.
+
+    intel_idle.max_cstate=N keeps the first N entries of intel_idle's table (state1..N;
+    skipped table entries count too, so N=index-1 never keeps a deeper state); 0 would
+    turn intel_idle off and hand the CPUs to acpi_idle, so N is at least 1.
+    processor.max_cstate=N keeps acpi_idle's C1..CN, named after their _CST index
+    (``C%d``), with 0 read as 1.
+    """
+    if driver == "intel_idle":
+        keep = max(1, index - 1)
+        return f"intel_idle.max_cstate={keep}", f"intel_idle's first {keep} state(s)"
+    if driver == "acpi_idle":
+        match = re.fullmatch(r"C([0-9]{1,2})", name)
+        if match is None:
+            return None
+        keep = max(1, int(match.group(1)) - 1)
+        return f"processor.max_cstate={keep}", f"C1..C{keep}"
+    return None
+
+
+def unit_text(states: Sequence[int]) -> str:
+    """Return the systemd unit that disables the given idle states on every CPU at boot."""
+    loops = " ".join(
+        f"for f in {CPU_DIR}/cpu[0-9]*/cpuidle/state{index}/disable; do echo 1 > \"$$f\"; "
+        "done;" for index in states)
+    # systemd expands $VAR in ExecStart: $$ is a literal dollar for the shell.
+    return (
+        "# Written by host-auditor: idle states too deep for inference, disabled at boot.\n"
+        "[Unit]\n"
+        "Description=Disable deep CPU idle states (host-auditor)\n"
+        "After=sysinit.target\n\n"
+        "[Service]\n"
+        "Type=oneshot\n"
+        "RemainAfterExit=yes\n"
+        f"ExecStart=/bin/sh -c '{loops} true'\n\n"
+        "[Install]\n"
+        "WantedBy=multi-user.target\n"
+    )

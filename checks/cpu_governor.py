@@ -13,7 +13,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
+from auditor import environment as where
 from auditor.check import Check, CheckOptions, option
+from auditor.checks.lib import tuned
 from auditor.checks.lib.cpufreq import (
     AMD_STATUS,
     BOOST,
@@ -32,7 +34,7 @@ from auditor.checks.lib.cpufreq import (
     read_policy,
 )
 from auditor.hosts.base import Host
-from auditor.model import Finding, Severity
+from auditor.model import Finding, Severity, Status
 from auditor.parsing import format_cpulist
 from auditor.remediations.steps import (
     Advice,
@@ -109,6 +111,7 @@ class CpuGovernor(Check[GovernorOptions]):
         AMD_STATUS,
         # Process names, so a remote audit can name daemons that revert the governor.
         "/proc/[0-9]*/comm",
+        *where.READS,
     )
     rationale: ClassVar[str] = (
         "The CPU threads that tokenize, schedule batches and launch GPU kernels are bursty: "
@@ -130,14 +133,38 @@ class CpuGovernor(Check[GovernorOptions]):
     fix_reads: ClassVar[tuple[str, ...]] = ("/proc/cpuinfo",)
 
     def evaluate(self, host: Host) -> Iterable[Finding]:
+        env = where.environment(host)
+        found = list(self._evaluate(host, env))
+        if env.bare_metal:
+            yield from found
+            return
+        if env.in_container:
+            note = (f"; read {env.inside()}: this is the host's cpufreq (/sys is the "
+                    "host's), so the fix belongs on the host")
+        else:
+            note = (f"; in a VM guest ({env.hypervisor}) the hypervisor host's governor sets "
+                    "the physical CPU frequency: audit the host too")
+        for finding in found:
+            if env.vm and finding.status is Status.SKIP:
+                yield finding  # it says so already
+                continue
+            fix = finding.fix
+            if env.in_container and fix:
+                fix = f"on the host: {fix}"
+            yield replace(finding, message=finding.message + note, fix=fix,
+                          evidence=(*finding.evidence, ("environment", env.describe())))
+
+    def _evaluate(self, host: Host, env: where.Environment) -> Iterable[Finding]:
         names = policy_names(host)
         if not names:
-            yield self.skipped(
-                "cpufreq",
-                f"no cpufreq policies under {CPUFREQ}: the kernel does not control CPU "
-                "frequency here (a VM, or no cpufreq driver), so the hypervisor or firmware "
-                "sets it",
-            )
+            if env.vm:
+                reason = (f"no cpufreq policies under {CPUFREQ}: a VM guest "
+                          f"({env.hypervisor}) does not control the CPU frequency; the "
+                          "hypervisor host's governor does, so audit the host")
+            else:
+                reason = (f"no cpufreq policies under {CPUFREQ}: the kernel does not control "
+                          "CPU frequency here (no cpufreq driver), so the firmware sets it")
+            yield self.skipped("cpufreq", reason)
             return
         wanted = self.options.governor
         first = policy_path(names[0])
@@ -309,7 +336,7 @@ class CpuGovernor(Check[GovernorOptions]):
         return findings
 
     def _daemons(self, host: Host) -> list[Finding]:
-        running = host.processes()
+        running = tuned.processes(host)
         if running is None:
             return []
         found: dict[str, str] = {}
@@ -334,6 +361,16 @@ class CpuGovernor(Check[GovernorOptions]):
         self, host: Host, findings: Sequence[Finding], context: FixContext
     ) -> list[Remedy]:
         """Write the governor to each policy (EPP first), and persist it across reboots."""
+        env = where.environment(host)
+        if env.in_container:
+            # /sys is the host's and read-only here; a unit in the container would change
+            # nothing: say what to do on the host.
+            return [Remedy(
+                check=self.id, subject=f.subject,
+                title=f"on the host: {f.subject}",
+                advice=(Advice(f"on the host, not in this {env.describe()}: "
+                               f"{f.fix.removeprefix('on the host: ')}"),),
+            ) for f in findings if f.fix]
         wanted = self.options.governor
         remedies: list[Remedy] = []
         params: list[str] = []
@@ -387,7 +424,7 @@ class CpuGovernor(Check[GovernorOptions]):
             ))
         if not params and not need_unit:
             return remedies
-        running = host.processes()
+        running = tuned.processes(host)
         daemons = sorted({daemon for process, (daemon, _) in REVERTING_DAEMONS.items()
                           if running is not None and process in running})
         known = sorted({daemon for daemon, _ in REVERTING_DAEMONS.values()})

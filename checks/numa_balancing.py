@@ -1,16 +1,34 @@
-"""numa.balancing: automatic NUMA balancing on a multi-node host."""
+"""numa.balancing: automatic NUMA balancing on a multi-node host, now and at the next boot.
+
+The boot value is computed as the boot sets it, in order (checks/lib/sysctl.py):
+the kernel's default or ``numa_balancing=`` on the command line, then
+systemd-sysctl's sysctl.d files (or ``sysctl --system`` without systemd), then a
+tuned profile's ``[sysctl]`` (and tuned re-applying /etc/sysctl.d after it), then
+local systemd units and root's ``@reboot`` crontab. The finding names what sets it.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
+from auditor import environment as where
 from auditor.check import Check, CheckOptions
-from auditor.checks.lib import sysctl
+from auditor.checks.lib import sysctl, tuned
+from auditor.checks.lib.sysctl import Writer
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity
 from auditor.parsing import kernel_cmdline_params
-from auditor.remediations.steps import FixContext, Remedy, ReplaceLine, SetValue, Step, WriteFile
+from auditor.remediations.steps import (
+    Advice,
+    FixContext,
+    Remedy,
+    ReplaceLine,
+    SetValue,
+    Step,
+    WriteFile,
+)
 
 SYSCTL_KEY = "kernel.numa_balancing"
 RUNTIME_PATH = "/proc/sys/kernel/numa_balancing"
@@ -41,8 +59,7 @@ def default_enabled(host: Host) -> bool:
 
 
 #: The drop-in written when no file sets the key: it sorts after the usual
-#: ``99-*.conf`` names. /etc/sysctl.conf is applied after every drop-in, so a
-#: line there is changed instead of being outvoted.
+#: ``99-*.conf`` names (``99-sysctl.conf`` among them), so it is applied last.
 DROP_IN = "/etc/sysctl.d/99-zz-host-auditor-numa.conf"
 
 
@@ -51,6 +68,70 @@ def _zeroed(raw: str) -> str:
     left, _, right = raw.partition("=")
     spacing = right[: len(right) - len(right.lstrip())]
     return f"{left}={spacing}0"
+
+
+@dataclass(frozen=True)
+class BootState:
+    """What sets kernel.numa_balancing at boot, in order; the last one wins."""
+
+    writers: tuple[Writer, ...]
+    #: systemd-sysctl applies sysctls at boot (False: ``sysctl --system``).
+    systemd: bool
+    #: /etc/sysctl.conf lines for the key that the boot does not read.
+    unread: tuple[sysctl.Setting, ...]
+
+    @property
+    def effective(self) -> Writer:
+        """Return the writer whose value the boot ends with."""
+        return self.writers[-1]
+
+
+def boot_state(host: Host) -> BootState:
+    """Return every mechanism that sets kernel.numa_balancing at boot, in boot order."""
+    systemd = sysctl.booted_by_systemd(host)
+    params = kernel_cmdline_params(host.read_optional(CMDLINE_PATH) or "")
+    # kernel/sched/core.c setup_numabalancing: "enable" or "disable", nothing else.
+    option = params.get("numa_balancing")
+    writers: list[Writer] = []
+    if option in ("enable", "disable"):
+        writers.append(Writer("cmdline", "1" if option == "enable" else "0", CMDLINE_PATH,
+                              f"numa_balancing={option} on the kernel command line"))
+    elif default_enabled(host):
+        writers.append(Writer("default", "1", "", "the kernel's default (on)"))
+    else:
+        writers.append(Writer("default", "0", "", "the kernel's build default (off)"))
+    applier = "systemd-sysctl" if systemd else "sysctl --system"
+    for setting in sysctl.settings(host, SYSCTL_KEY, systemd=systemd):
+        writers.append(Writer("sysctl.d", setting.value, setting.where,
+                              f"{_shown(host, setting)} (applied by {applier})", setting))
+    by_tuned = sysctl.tuned_writers(host, SYSCTL_KEY)
+    if by_tuned:
+        writers.extend(by_tuned)
+        state = tuned.active(host)
+        if state is not None and state.reapply_sysctl:
+            # tuned re-applies /run/sysctl.d, /etc/sysctl.d, then /etc/sysctl.conf.
+            for path in sysctl.sysctl_files(host, systemd=False,
+                                            dirs=("/run/sysctl.d", "/etc/sysctl.d")):
+                text = host.read_optional(path) or ""
+                for setting in sysctl.settings_in(text, SYSCTL_KEY, path):
+                    writers.append(Writer(
+                        "sysctl.d", setting.value, setting.where,
+                        f"{_shown(host, setting)} (re-applied by tuned after its profile)",
+                        setting))
+    writers.extend(sysctl.unit_writers(host, SYSCTL_KEY))
+    writers.extend(sysctl.cron_writers(host, SYSCTL_KEY))
+    unread = tuple(sysctl.unread_sysctl_conf(host, SYSCTL_KEY)) if systemd else ()
+    return BootState(tuple(writers), systemd, unread)
+
+
+def _shown(host: Host, setting: sysctl.Setting) -> str:
+    try:
+        real = host.resolve(setting.path)
+    except OSError:
+        real = setting.path
+    if real != setting.path:
+        return f"{setting.where} (a link to {real})"
+    return setting.where
 
 
 class NumaBalancing(Check[CheckOptions]):
@@ -66,6 +147,9 @@ class NumaBalancing(Check[CheckOptions]):
         CMDLINE_PATH,
         OSRELEASE_PATH,
         KERNEL_CONFIGS,
+        # Process names: a running tuned applies its profile.
+        "/proc/[0-9]*/comm",
+        *where.READS,
     )
     rationale: ClassVar[str] = (
         "With kernel.numa_balancing on, the kernel unmaps pages to sample accesses and migrates "
@@ -74,19 +158,17 @@ class NumaBalancing(Check[CheckOptions]):
         "the host-to-device copies."
     )
     remedy: ClassVar[str] = (
-        "sysctl -w kernel.numa_balancing=0 now, and persist it in a sysctl.d file that sorts "
-        "after every other file that sets it (or change the file that sets it to 1)."
+        "sysctl -w kernel.numa_balancing=0 now, and persist it in a file the boot reads: a "
+        "/etc/sysctl.d/*.conf that sorts after every other file that sets it (or change the "
+        "file that sets it to 1). systemd-sysctl does not read /etc/sysctl.conf unless a "
+        "99-sysctl.conf link in /etc/sysctl.d points at it."
     )
 
     def evaluate(self, host: Host) -> Iterable[Finding]:
         runtime = host.read_optional(RUNTIME_PATH)
         nodes = [p for p in host.glob("/sys/devices/system/node/node*") if p[-1].isdigit()]
-        setting = sysctl.boot_value(host, SYSCTL_KEY)
-        boot = (setting.value, setting.where) if setting is not None else None
+        env = where.environment(host)
         evidence = {"nodes": str(len(nodes)), "runtime": runtime or ""}
-        if boot is not None:
-            evidence["boot_value"] = boot[0]
-            evidence["boot_source"] = boot[1]
         if runtime is None:
             yield self.skipped(
                 "kernel", f"{RUNTIME_PATH} is missing: the kernel has no NUMA balancing",
@@ -94,68 +176,122 @@ class NumaBalancing(Check[CheckOptions]):
             )
             return
         mode = MODES.get(runtime, f"unknown mode {runtime!r}")
-        boot_note = f"; boot applies {boot[0]} from {boot[1]}" if boot else ""
-        fix = "sysctl -w kernel.numa_balancing=0 and set it to 0 in /etc/sysctl.d"
+        if env.in_container:
+            yield from self._in_container(env, runtime, mode, nodes, evidence)
+            return
+        boot = boot_state(host)
+        effective = boot.effective
+        evidence["boot_value"] = effective.value
+        evidence["boot_source"] = effective.where
+        evidence["boot_mechanism"] = effective.mechanism
+        fix = f"sysctl -w {SYSCTL_KEY}=0 and set it to 0 in a file under /etc/sysctl.d"
         if len(nodes) <= 1:
             yield self.passed(
                 "kernel",
-                f"{len(nodes) or 1} NUMA node: balancing ({mode}) has nothing to migrate"
-                f"{boot_note}",
+                f"{len(nodes) or 1} NUMA node: balancing ({mode}) has nothing to migrate; at "
+                f"boot {effective.label} sets {effective.value}",
                 observed=runtime, expected="0 on multi-node hosts", evidence=evidence,
             )
             return
+        unread = self._unread_note(boot)
         if runtime != "0":
             yield self.failed(
                 "kernel",
-                f"automatic NUMA balancing is {mode} on {len(nodes)} nodes{boot_note}",
+                f"automatic NUMA balancing is {mode} on {len(nodes)} nodes; at boot "
+                f"{effective.label} sets {effective.value}{unread}",
                 observed=runtime, expected="0", fix=fix, evidence=evidence,
             )
-        elif boot is not None and boot[0] != "0":
+        elif effective.value != "0" and effective.mechanism == "default":
+            yield self.warned(
+                "kernel",
+                f"automatic NUMA balancing is off now on {len(nodes)} nodes, but nothing keeps "
+                f"it off at boot: {effective.label} comes back at the next boot{unread}",
+                observed="0 (boot: kernel default, on)", expected="0", fix=fix,
+                evidence=evidence,
+            )
+        elif effective.value != "0":
             yield self.failed(
                 "kernel",
-                f"NUMA balancing is off now but {boot[1]} sets it to {boot[0]} at boot",
-                observed=f"0 (boot: {boot[0]})", expected="0", fix=f"set it to 0 in {boot[1]}",
+                f"NUMA balancing is off now on {len(nodes)} nodes, but at boot {effective.label} "
+                f"sets it to {effective.value}{unread}",
+                observed=f"0 (boot: {effective.value})", expected="0",
+                fix=f"set it to 0 in {effective.where}" if effective.mechanism == "sysctl.d"
+                else f"make {effective.label} set 0, or remove it",
                 evidence=evidence,
             )
         else:
-            kept = boot_note
-            if boot is None:
-                params = kernel_cmdline_params(host.read_optional(CMDLINE_PATH) or "")
-                if params.get("numa_balancing") in ("disable", "0"):
-                    kept = "; the boot command line keeps it off"
-                elif not default_enabled(host):
-                    kept = "; the kernel starts with it off"
-                else:
-                    yield self.warned(
-                        "kernel",
-                        f"automatic NUMA balancing is off now on {len(nodes)} nodes, but no "
-                        "sysctl file keeps it off: the kernel's default (on) comes back at "
-                        "the next boot",
-                        observed="0 (boot: kernel default, on)", expected="0", fix=fix,
-                        evidence=evidence,
-                    )
-                    return
             yield self.passed(
-                "kernel", f"automatic NUMA balancing is disabled on {len(nodes)} nodes{kept}",
+                "kernel",
+                f"automatic NUMA balancing is disabled on {len(nodes)} nodes; at boot "
+                f"{effective.label} keeps it off{self._starts(effective)}",
                 observed=runtime, expected="0", evidence=evidence,
             )
+
+    @staticmethod
+    def _starts(effective: Writer) -> str:
+        return " (the kernel starts with it off)" if effective.mechanism == "default" else ""
+
+    @staticmethod
+    def _unread_note(boot: BootState) -> str:
+        if not boot.unread:
+            return ""
+        setting = boot.unread[-1]
+        return (f"; {setting.where} sets {setting.value}, but systemd-sysctl has not read "
+                "/etc/sysctl.conf since v207 and no 99-sysctl.conf link in a sysctl.d "
+                "directory points at it (only 'sysctl --system' or 'sysctl -p' run by hand "
+                "apply it)")
+
+    def _in_container(self, env: where.Environment, runtime: str, mode: str, nodes: list[str],
+                      evidence: dict[str, str]) -> Iterable[Finding]:
+        evidence = {**evidence, "environment": env.describe()}
+        context = (f"read {env.inside()}: /proc/sys/kernel is the host's, and the "
+                   "container's own sysctl.d does not set the host's boot value")
+        if len(nodes) > 1 and runtime != "0":
+            yield self.failed(
+                "kernel",
+                f"automatic NUMA balancing is {mode} on {len(nodes)} nodes ({context}); the "
+                "fix belongs on the host",
+                observed=runtime, expected="0",
+                fix=f"on the host: sysctl -w {SYSCTL_KEY}=0 and set it to 0 in a file under "
+                    "/etc/sysctl.d",
+                evidence=evidence,
+            )
+            return
+        yield self.passed(
+            "kernel",
+            f"automatic NUMA balancing is {mode} on {len(nodes) or 1} node(s) ({context}: "
+            "audit the host for what keeps it at boot)",
+            observed=runtime, expected="0 on multi-node hosts", evidence=evidence,
+        )
 
     def remediate(
         self, host: Host, findings: Sequence[Finding], context: FixContext
     ) -> list[Remedy]:
-        """Set kernel.numa_balancing to 0 now and in the boot configuration."""
+        """Set kernel.numa_balancing to 0 now and in a file the boot reads."""
         if not findings:
             return []
+        env = where.environment(host)
+        if env.in_container:
+            # /proc/sys is the host's and read-only here: nothing to write in the container.
+            return [Remedy(
+                check=self.id, subject="kernel",
+                title="disable automatic NUMA balancing on the host",
+                advice=(Advice(
+                    f"on the host, not in this {env.describe()}: sysctl -w {SYSCTL_KEY}=0 and "
+                    f"'{SYSCTL_KEY} = 0' in a file under /etc/sysctl.d"),),
+            )]
         runtime: tuple[Step, ...] = ()
         current = host.read_optional(RUNTIME_PATH)
         if current is not None and current != "0":
             runtime = (SetValue(RUNTIME_PATH, "0", sysctl=SYSCTL_KEY),)
+        boot = boot_state(host)
         persistent: list[Step] = []
         notes: list[str] = []
-        setters = sysctl.settings(host, SYSCTL_KEY)
+        setters = [w.setting for w in boot.writers
+                   if w.mechanism == "sysctl.d" and w.setting is not None]
         seen: set[tuple[str, int]] = set()
         masks: dict[str, str] = {}
-        for setting in setters:
+        for setting in [*setters, *boot.unread]:
             if setting.value == "0":
                 continue
             if "\ufffd" in setting.raw:
@@ -178,10 +314,20 @@ class NumaBalancing(Check[CheckOptions]):
                     lines[found.line - 1] = _zeroed(found.raw)
             persistent.append(WriteFile(f"/etc/sysctl.d/{name}", "\n".join(lines)))
             notes.append(f"/etc/sysctl.d/{name} masks the vendor file of that name")
+        if boot.unread and any(s.value != "0" for s in boot.unread):
+            notes.append("/etc/sysctl.conf is not read at boot here; it is set to 0 too, for "
+                         "'sysctl --system' and 'sysctl -p' run by hand")
         if not setters:
-            # Nothing sets it, so boot keeps the kernel's default (on for NUMA machines).
+            # Nothing sets it in a file the boot reads, so boot keeps the kernel's default
+            # (or the command line's): a drop-in in /etc/sysctl.d sets it after those.
             persistent.append(WriteFile(DROP_IN, f"{SYSCTL_KEY} = 0\n"))
-        if not runtime and not persistent:
+        advice: list[Advice] = []
+        for writer in boot.writers:
+            if writer.mechanism in ("tuned", "unit", "cron") and writer.value != "0":
+                # Another mechanism's file is not this fix's to rewrite: name it.
+                advice.append(Advice(f"{writer.label} sets it to {writer.value} later at boot, "
+                                     "after every sysctl.d file: make it set 0, or remove it"))
+        if not runtime and not persistent and not advice:
             return []
         return [
             Remedy(
@@ -191,5 +337,6 @@ class NumaBalancing(Check[CheckOptions]):
                 runtime=runtime,
                 persistent=tuple(persistent),
                 notes=tuple(notes),
+                advice=tuple(advice),
             )
         ]

@@ -5,21 +5,33 @@ most MaxReadReq bytes. BIOSes and the kernel often leave it at 512, which caps
 host-to-device copy bandwidth (model loading, KV-cache offload, RDMA) well below
 what a Gen5 x16 link can carry. The value is read from the PCI Express
 capability in each device's config space, found by walking the capability list.
+
+Only functions whose MaxReadReq governs real traffic are judged: not the devices a
+hypervisor emulates for a guest (virtio and other QEMU/VMware devices, whose Device
+Control is faked), not SR-IOV virtual functions (their MaxReadReq field is reserved; a
+guest sees no ``physfn`` link, so they are told by their device ids), and not a Grace
+superchip's GPU, whose host traffic runs over NVLink-C2C. The path from each judged
+device up to its root port is walked too: a switch uplink that trained below what both
+its ends support caps every device below it, although their own links read x16.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+from auditor import environment
 from auditor.check import Check, CheckOptions, Trigger, option
 from auditor.checks.lib import pci
+from auditor.checks.lib.gpupath import NODE_READS, nvlink_c2c
 from auditor.hosts.base import Host
-from auditor.model import Finding, Severity
+from auditor.model import Finding, Severity, Status
 from auditor.remediations.steps import (
+    Advice,
     FixContext,
     Remedy,
     RunCommand,
@@ -43,6 +55,29 @@ REGISTER = "CAP_EXP+08.w"
 UDEV_RULE = "/etc/udev/rules.d/99-host-auditor-pcie-mrrs.rules"
 _FIX_ADDRESS = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 _ID = re.compile(r"0x[0-9a-f]{4}")
+#: Vendors whose functions in a guest are the hypervisor's inventions: Red Hat/QEMU virtio
+#: and bridges (0x1af4, 0x1b36), QEMU's VGA (0x1234), VMware (0x15ad), VirtualBox
+#: (0x80ee), Hyper-V (0x1414).
+EMULATED_VENDORS = frozenset({0x1AF4, 0x1B36, 0x1234, 0x15AD, 0x80EE, 0x1414})
+#: QEMU gives the devices it emulates (an e1000e, a Bochs display) this subsystem id
+#: (PCI_SUBVENDOR_ID_REDHAT_QUMRANET, PCI_SUBDEVICE_ID_QEMU); passed-through devices keep
+#: their own.
+QEMU_SUBSYSTEM = (0x1AF4, 0x1100)
+#: SR-IOV virtual function device ids (pci.ids "Virtual Function" entries of the NICs seen
+#: on GPU servers): what a guest sees of a VF, which has no physfn link there.
+VF_DEVICE_IDS = frozenset({
+    (0x15B3, 0x1004), (0x15B3, 0x1012), (0x15B3, 0x1014), (0x15B3, 0x1016),
+    (0x15B3, 0x1018), (0x15B3, 0x101A), (0x15B3, 0x101C), (0x15B3, 0x101E),
+    (0x8086, 0x10ED), (0x8086, 0x1515), (0x8086, 0x1565), (0x8086, 0x154C),
+    (0x8086, 0x1571), (0x8086, 0x1889), (0x8086, 0x37CD), (0x8086, 0x0DD5),
+    (0x14E4, 0x1606), (0x14E4, 0x1609), (0x14E4, 0x16DC), (0x14E4, 0x1807),
+    (0x1077, 0x8090), (0x19A2, 0x0728),
+})
+#: Drivers that bind only virtual functions.
+VF_DRIVERS = frozenset({"iavf", "i40evf", "ixgbevf", "igbvf", "ice_vf", "bnxt_en_vf"})
+#: Port types whose Link Status describes the link above them (switch upstream ports,
+#: PCIe-to-PCI bridges): the links of a path that are not a device's own.
+_UPLINK_PORT_TYPES = frozenset({0x5, 0x7})
 
 
 class _NotJudged(enum.Enum):
@@ -50,6 +85,8 @@ class _NotJudged(enum.Enum):
 
     NOT_PCIE = "no PCI Express capability"
     NOT_ENDPOINT = "not an endpoint"
+    EMULATED = "emulated by the hypervisor"
+    GUEST_VF = "an SR-IOV virtual function"
 
 
 _NOT_PCIE, _NOT_ENDPOINT = _NotJudged.NOT_PCIE, _NotJudged.NOT_ENDPOINT
@@ -92,6 +129,11 @@ class PcieMrrs(Check[MrrsOptions]):
         "/sys/bus/pci/devices/*/device",
         "/sys/bus/pci/devices/*/driver",
         "/sys/bus/pci/devices/*/physfn",
+        "/sys/bus/pci/devices/*/subsystem_vendor",
+        "/sys/bus/pci/devices/*/subsystem_device",
+        *pci.DEVICE_READS,
+        *NODE_READS,
+        *environment.READS,
     )
     rationale: ClassVar[str] = (
         "Every DMA read a GPU or NIC issues to host memory is split into requests of at most "
@@ -113,38 +155,121 @@ class PcieMrrs(Check[MrrsOptions]):
 
     def evaluate(self, host: Host) -> Iterable[Finding]:
         target = self.options.min_read_request_bytes
+        env = environment.environment(host)
+        inventory = pci.by_address(host)
         findings: list[Finding] = []
-        candidates = not_pcie = not_endpoint = 0
+        counts: dict[_NotJudged, int] = dict.fromkeys(_NotJudged, 0)
+        candidates = 0
+        ports: dict[str, pci.PcieCapability | None] = {}
         for address in pci.pci_addresses(host):
             # The sysfs class file first: config space is read only for the devices judged.
             class_code = pci.device_class(host, address)
             if class_code is None or not is_judged_class(class_code):
                 continue
-            if pci.is_virtual_function(host, address):
+            device = inventory.get(address)
+            if device is None or device.virtual_function:
                 # A VF's MaxReadReq field is reserved: its physical function's value applies.
                 continue
+            ids = pci.device_ids(host, address)
+            device = dataclasses.replace(device, class_code=class_code,
+                                         vendor=ids[0] if ids else None,
+                                         device=ids[1] if ids else None)
+            if not (device.is_gpu or device.is_network):
+                continue  # a BMC's or an emulated display: not a GPU
             candidates += 1
+            if env.vm and self._emulated(host, device):
+                counts[_NotJudged.EMULATED] += 1
+                continue
+            if env.vm and ((device.vendor or 0, device.device or 0) in VF_DEVICE_IDS
+                           or device.driver in VF_DRIVERS):
+                counts[_NotJudged.GUEST_VF] += 1
+                continue
+            if nvlink_c2c(host, device):
+                findings.append(self.skipped(
+                    address, f"{pci.vendor_name(device.vendor)} GPU of a Grace superchip: its "
+                    "host traffic runs over NVLink-C2C, not this PCIe link",
+                    evidence={"class": f"{class_code:#08x}", "driver": device.driver}))
+                continue
             config = pci.read_config(host, address)
-            judged = self._judge_device(host, address, class_code, config, target)
+            judged = self._judge_device(host, address, class_code, config, target, env)
             if isinstance(judged, list):
                 findings.extend(judged)
-            elif judged is _NOT_PCIE:
-                not_pcie += 1
+                if judged and judged[0].status is not Status.SKIP and not env.vm:
+                    findings.extend(self._judge_path(host, device, judged[0], ports))
             else:
-                not_endpoint += 1
+                counts[judged] += 1
         if findings:
             yield from findings
             return
         detail = ""
         if candidates:
-            detail = (
-                f" ({candidates} GPU or network function(s): {not_pcie} without a PCI Express "
-                f"capability, {not_endpoint} not endpoints)"
-            )
+            parts = [f"{counts[_NOT_PCIE]} without a PCI Express capability",
+                     f"{counts[_NOT_ENDPOINT]} not endpoints"]
+            parts += [f"{n} {kind.value}" for kind, n in counts.items()
+                      if n and kind in (_NotJudged.EMULATED, _NotJudged.GUEST_VF)]
+            detail = f" ({candidates} GPU or network function(s): {', '.join(parts)})"
         yield self.skipped("pcie", f"no GPU or network PCIe endpoints{detail}")
 
+    @staticmethod
+    def _emulated(host: Host, device: pci.PciDevice) -> bool:
+        """Return whether a guest's function is one the hypervisor emulates."""
+        if device.vendor in EMULATED_VENDORS:
+            return True
+        base = pci.device_path(device.address)
+        subsystem = (pci.read_hex(host, f"{base}/subsystem_vendor"),
+                     pci.read_hex(host, f"{base}/subsystem_device"))
+        return subsystem == QEMU_SUBSYSTEM
+
+    @staticmethod
+    def _port(host: Host, address: str, ports: dict[str, pci.PcieCapability | None]
+              ) -> pci.PcieCapability | None:
+        """Return a port's decoded PCI Express capability, read once per audit."""
+        if address not in ports:
+            config = pci.read_config(host, address)
+            try:
+                ports[address] = pci.decode_pcie_capability(config) if config else None
+            except pci.ConfigSpaceError:
+                ports[address] = None
+        return ports[address]
+
+    def _judge_path(self, host: Host, device: pci.PciDevice, own: Finding,
+                    ports: dict[str, pci.PcieCapability | None]) -> Iterator[Finding]:
+        """Warn on the device for each uplink above it that trained below what it supports.
+
+        A link's capability is the lesser of its two ends' Link Capabilities: a Gen4 switch
+        below a Gen5 root port is not degraded at 16GT/s, an x8 uplink of x16 ports is.
+        """
+        chain = device.ancestors()
+        what = own.message.partition(":")[0]
+        for index, child in enumerate(chain[:-1]):
+            parent = chain[index + 1]
+            lower, upper = self._port(host, child, ports), self._port(host, parent, ports)
+            if lower is None or upper is None or lower.port_type not in _UPLINK_PORT_TYPES:
+                continue
+            width = min(lower.max_link_width, upper.max_link_width)
+            speed = min(lower.max_link_speed, upper.max_link_speed)
+            problems = []
+            if lower.link_width and width and lower.link_width < width:
+                problems.append(f"x{lower.link_width} of x{width}")
+            if lower.link_speed and speed and lower.link_speed < speed:
+                problems.append(f"{pci.link_speed_name(lower.link_speed)} of "
+                                f"{pci.link_speed_name(speed)}")
+            if not problems:
+                continue
+            now = f"{pci.link_speed_name(lower.link_speed)} x{lower.link_width}"
+            best = f"{pci.link_speed_name(speed)} x{width}"
+            yield self.warned(
+                device.address,
+                f"{what}: the uplink of {lower.port_type_name} {child} to {parent} trained to "
+                f"{' and '.join(problems)} ({now}, both ends support {best}): it caps the "
+                "bandwidth of every device below it, this one included",
+                observed=now, expected=best,
+                evidence={**dict(own.evidence), "problem": "path", "bridge": child,
+                          "bridge_parent": parent, "bridge_link": now, "bridge_link_max": best})
+
     def _judge_device(
-        self, host: Host, address: str, class_code: int, config: bytes | None, target: int
+        self, host: Host, address: str, class_code: int, config: bytes | None, target: int,
+        env: environment.Environment,
     ) -> list[Finding] | _NotJudged:
         ids = pci.device_ids(host, address, config)
         vendor = pci.vendor_name(ids[0] if ids else None)
@@ -161,10 +286,18 @@ class PcieMrrs(Check[MrrsOptions]):
         try:
             cap = pci.decode_pcie_capability(config)
         except pci.NeedsRoot:
+            if env.in_container:
+                # Root in a container lacks CAP_SYS_ADMIN in the initial user namespace,
+                # which the kernel asks before returning more than 64 bytes.
+                return [self.skipped(
+                    address,
+                    f"{what}: config space readable only to {len(config)} bytes inside a "
+                    f"{env.describe()}, where even root cannot read further; audit the host",
+                    evidence={**evidence, "environment": env.describe()},
+                )]
+            why = host.privilege_note or f"config space readable only to {len(config)} bytes"
             return [self.skipped(
-                address,
-                f"{what}: config space readable only to {len(config)} bytes; reading the "
-                "PCI Express capability needs root",
+                address, f"{what}: the PCI Express capability was not read (needs root: {why})",
                 evidence=evidence,
             )]
         except pci.ConfigSpaceError as exc:
@@ -239,7 +372,7 @@ class PcieMrrs(Check[MrrsOptions]):
                 f"{what}: PCIe link {' and '.join(problems)}; {link}",
                 observed=f"{pci.link_speed_name(cap.link_speed)} x{cap.link_width}",
                 expected=f"{pci.link_speed_name(cap.max_link_speed)} x{cap.max_link_width}",
-                evidence={**evidence, "problem": "link"},
+                evidence={**evidence, "problem": "link"}, aspect="link",
             )
 
     # -- the fix --------------------------------------------------------------------------
@@ -252,6 +385,16 @@ class PcieMrrs(Check[MrrsOptions]):
         value, mask = mrrs_setpci_value(target).split(":")
         remedies: list[Remedy] = []
         rules: list[str] = []
+        slow = sorted({(f.subject, evidence(f).get("bridge", "")) for f in findings
+                       if evidence(f).get("problem") in ("link", "path")})
+        if slow:
+            links = ", ".join(f"{bridge} (above {subject})" if bridge else subject
+                              for subject, bridge in slow[:8])
+            remedies.append(Remedy(
+                check=self.id, subject="links", title="links trained below their capability",
+                advice=(Advice(f"reseat or replace the riser, retimer or cable of {links}; check "
+                               "the slot's bifurcation and link speed settings in the BIOS; no "
+                               "software setting retrains a link to more lanes"),)))
         # udev runs RUN+= programs by absolute path: pciutils puts setpci in /usr/bin on
         # Debian-like systems and in /usr/sbin on RHEL-like ones.
         ids = {context.os_release.get("ID", ""), *context.os_release.get("ID_LIKE", "").split()}
@@ -295,5 +438,5 @@ class PcieMrrs(Check[MrrsOptions]):
 
 
 def _sysfs_id(host: Host, address: str, name: str) -> str:
-    value = (host.read_optional(f"{pci.PCI_DEVICES}/{address}/{name}") or "").lower()
+    value = (pci.read_file(host, f"{pci.PCI_DEVICES}/{address}/{name}") or "").strip().lower()
     return value if _ID.fullmatch(value) else ""

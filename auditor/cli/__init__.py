@@ -11,9 +11,15 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
+from typing import Annotated
 
 import typer
 
+# typer carries its own copy of click (typer._click, in every version pyproject allows):
+# its exceptions are how a bad command line is told from the rest.
+from typer._click.exceptions import ClickException, NoArgsIsHelpError
+
+from auditor import __version__
 from auditor.cli import fleet, host, local
 from auditor.cli.options import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
@@ -24,7 +30,24 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(f"audit (host-auditor) {__version__}")
+        raise typer.Exit(EXIT_OK)
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option(
+        "--version", is_eager=True, callback=_print_version,
+        help="Print the version and exit.")] = False,
+) -> None:
+    """Audit and tune GPU / LLM-inference Linux hosts."""
+
 app.command("local")(local.local_command)
 app.command("checks")(local.checks_command)
 app.command("explain")(local.explain_command)
@@ -39,7 +62,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``audit`` command; return its exit code."""
     args = list(argv) if argv is not None else sys.argv[1:]
     try:
-        app(args=args, prog_name="audit", standalone_mode=True)
+        # Not standalone: a bad command line comes back as an exception, said in one line.
+        code = app(args=args, prog_name="audit", standalone_mode=False)
+    except NoArgsIsHelpError as exc:
+        print(exc.format_message(), file=sys.stderr)
+        return EXIT_USAGE
+    except ClickException as exc:
+        hint = ""
+        context = getattr(exc, "ctx", None)
+        if context is not None:
+            hint = f" (see {context.command_path} -h)"
+        print(f"audit: error: {' '.join(exc.format_message().split())}{hint}", file=sys.stderr)
+        return exc.exit_code
+    except typer.Abort:
+        print("audit: error: aborted", file=sys.stderr)
+        return EXIT_USAGE
     except SystemExit as exc:
         code = exc.code
         return code if isinstance(code, int) else (0 if code is None else EXIT_USAGE)
@@ -59,4 +96,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"audit: internal error: {message} (run with --debug for the traceback)",
               file=sys.stderr)
         return EXIT_INTERNAL
-    return EXIT_OK
+    return code if isinstance(code, int) else EXIT_OK

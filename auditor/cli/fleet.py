@@ -36,15 +36,24 @@ from auditor.cli.options import (
     SudoOpt,
     TimeoutOpt,
     UserOpt,
+    choice,
     exit_code,
     fatal,
     handle_errors,
+    infer_format,
+    metavar,
     note,
     prepare,
     ssh_options,
     write_output,
 )
 from auditor.model import FailOn
+from auditor.render import FLEET_FORMATS
+
+FINGERPRINT_FORMATS = ("text", "json")
+#: ``audit merge``'s formats (the fleet report).
+MERGE_FORMATS = FLEET_FORMATS
+SOURCES = ("auto", "udev", "kernel")
 
 
 def fingerprint_command(
@@ -56,8 +65,10 @@ def fingerprint_command(
         typer.Option("--report", help="Fingerprint a saved JSON report instead of auditing.",
                      metavar="FILE"),
     ] = None,
-    fmt: Annotated[str, typer.Option("--format", "-f", help="text or json.",
-                                     metavar="FORMAT")] = "text",
+    fmt: Annotated[str | None, typer.Option(
+        "--format", "-f", metavar=metavar(FINGERPRINT_FORMATS),
+        callback=choice("format", FINGERPRINT_FORMATS),
+        help="Output format (default: from the --output file's extension, else text).")] = None,
     output: OutputOpt = None,
     check: CheckOpt = None,
     skip: SkipOpt = None,
@@ -69,8 +80,7 @@ def fingerprint_command(
 
     from auditor.model import fingerprint, fingerprint_inputs
 
-    if fmt not in ("text", "json"):
-        fatal(f"unknown format {fmt!r} (formats: text, json)", EXIT_USAGE)
+    fmt = infer_format(fmt, output, FINGERPRINT_FORMATS)
     if target != "local":
         fatal(f"unknown target {target!r}: use local, --root PATH or --report FILE", EXIT_USAGE)
     with handle_errors():
@@ -86,88 +96,107 @@ def fingerprint_command(
                       EXIT_USAGE)
             report = loaded.reports[0]
         else:
-            from auditor.hosts import LocalHost, open_sysroot
+            from auditor.cli.local import open_target
+            from auditor.hosts import LocalHost
             from auditor.runner import audit
 
             checks, loaded_policy = prepare(AuditOptions.of(check=check, skip=skip,
                                                             policy=policy, profile=profile))
-            host = open_sysroot(root) if root is not None else LocalHost()
-            with host:
+            with open_target(root) if root is not None else LocalHost() as host:
                 report = audit(host, checks, loaded_policy)
     stamp = fingerprint(report)
     if fmt == "json":
-        document = {"host": report.host, "fingerprint": stamp, "inputs": fingerprint_inputs(report)}
+        # What made the statuses beside what they are: the thresholds are not tuning.
+        document = {"host": report.host, "fingerprint": stamp,
+                    "tool": {"name": "host-auditor", "version": report.version},
+                    "policy": dict(report.policy), "inputs": fingerprint_inputs(report)}
         write_output(json.dumps(document, indent=2, ensure_ascii=False) + "\n", output)
     else:
         write_output(stamp + "\n", output)
 
 
-def _expand(paths: list[str]) -> list[str]:
+def _expand(paths: list[str]) -> tuple[list[str], list[str]]:
+    """Return the result files the paths name (a directory: its ``*.json`` files), and the
+    directories that hold none."""
     files: list[str] = []
+    empty: list[str] = []
     for path in paths:
         if os.path.isdir(path):
-            files.extend(
-                os.path.join(path, name) for name in sorted(os.listdir(path))
-                if name.endswith(".json")
-            )
+            try:
+                names = sorted(os.listdir(path))
+            except OSError as exc:
+                fatal(f"{path}: cannot list the directory ({exc.strerror})", EXIT_USAGE)
+            found = [os.path.join(path, name) for name in names if name.endswith(".json")]
+            if not found:
+                empty.append(path)
+            files.extend(found)
         else:
             files.append(path)
-    return files
+    return files, empty
 
 
 def merge_command(
     results: Annotated[list[str], typer.Argument(
         help="Per-host JSON reports (audit local --format json), or directories of them.",
         metavar="RESULTS...")],
-    fmt: Annotated[str, typer.Option("--format", "-f",
-                                     help="text, json, html, prometheus or line.",
-                                     metavar="FORMAT")] = "text",
+    fmt: Annotated[str | None, typer.Option(
+        "--format", "-f", metavar=metavar(MERGE_FORMATS), callback=choice("format", MERGE_FORMATS),
+        help="Report format; line: one line per host (default: from the --output file's "
+             "extension, else text).")] = None,
     output: OutputOpt = None,
     golden: Annotated[
         str | None,
         typer.Option("--golden", help="Diff every host against this host's results.",
                      metavar="HOST"),
     ] = None,
-    fail_on: FailOnOpt = FailOn.FAIL,
+    fail_on: FailOnOpt = "fail",
 ) -> None:
     """Merge per-host JSON results into one fleet report; diff against a golden host."""
     from auditor.fleet import fleet_view
-    from auditor.render import FLEET_FORMATS, render_merge
+    from auditor.render import render_merge
     from auditor.results import load_results
 
-    if fmt not in FLEET_FORMATS:
-        fatal(f"unknown format {fmt!r} (formats: {', '.join(FLEET_FORMATS)})", EXIT_USAGE)
-    loaded = load_results(_expand(results))
+    fmt = infer_format(fmt, output, MERGE_FORMATS)
+    files, empty = _expand(results)
+    loaded = load_results(files)
     for bad in loaded.unreadable:
         print(f"audit: error: {bad.line()}", file=sys.stderr)
     for line in loaded.notes:
         note(f"note: {line}")
     if not loaded.reports:
-        fatal("no readable results to merge", EXIT_USAGE)
+        where = f" ({', '.join(empty)}: no .json files)" if empty else ""
+        fatal(f"no readable results to merge{where}", EXIT_USAGE)
     hosts = {r.host for r in loaded.reports}
     if golden is not None and golden not in hosts:
-        fatal(f"golden host {golden!r} is not among the merged results", EXIT_USAGE)
+        names = sorted(hosts)
+        shown = ", ".join(names[:10]) + (f", ... ({len(names) - 10} more)" if len(names) > 10
+                                        else "")
+        fatal(f"golden host {golden!r} is not among the merged results (hosts: {shown}; a "
+              "host is named by its report's host, not its file)", EXIT_USAGE)
     if golden is not None and any(r.error for r in loaded.reports if r.host == golden):
         fatal(f"golden host {golden!r} could not be audited: pick another", EXIT_USAGE)
     view = fleet_view(loaded, golden)
     write_output(render_merge(view, fmt), output)
     if loaded.unreadable:
         raise typer.Exit(EXIT_USAGE)
-    raise typer.Exit(exit_code(loaded.reports, fail_on))
+    raise typer.Exit(exit_code(loaded.reports, FailOn(fail_on)))
 
 
 def watch_command(
     check: CheckOpt = None,
     skip: SkipOpt = None,
     count: Annotated[
-        int | None, typer.Option("--count", min=1, help="Stop after N relevant device events.")
+        int | None, typer.Option("--count", min=1, metavar="N",
+                                 help="Stop after N relevant device events.")
     ] = None,
     timeout: Annotated[
         float | None, typer.Option("--timeout", min=0.0, help="Stop after S seconds.",
                                    metavar="S")
     ] = None,
     source: Annotated[
-        str, typer.Option("--source", help="auto, udev (events udevd has processed) or kernel.")
+        str, typer.Option("--source", metavar=metavar(SOURCES), callback=choice("source", SOURCES),
+                          help="udev: events udevd has processed; kernel: the kernel's own; "
+                               "auto: udev when udevd answers, else kernel.")
     ] = "auto",
     policy: PolicyOpt = None,
     profile: ProfileOpt = None,
@@ -177,8 +206,6 @@ def watch_command(
     from auditor.registry import load_checks, watched
     from auditor.watch import watch
 
-    if source not in ("auto", "udev", "kernel"):
-        fatal(f"unknown event source {source!r} (auto, udev, kernel)", EXIT_USAGE)
     with handle_errors(debug):
         checks, loaded_policy = prepare(AuditOptions.of(check=check, skip=skip, policy=policy,
                                                         profile=profile, debug=debug))

@@ -42,11 +42,12 @@ from auditor.cli.options import (
     emit,
     fatal,
     handle_errors,
+    note,
     prepare,
     ssh_options,
 )
 from auditor.errors import UsageError
-from auditor.model import FailOn, Report
+from auditor.model import Report
 
 if TYPE_CHECKING:
     from auditor.check import CheckClass
@@ -56,9 +57,24 @@ if TYPE_CHECKING:
 
 
 def _progress(total: int) -> tuple[Callable[[Report], None] | None, Callable[[], None]]:
-    """Return a progress callback and a closer: a bar on a terminal's stderr, else nothing."""
-    if total < 2 or not sys.stderr.isatty():
+    """Return a progress callback and a closer for a run of several hosts.
+
+    On a terminal: a bar on stderr. Otherwise: one line on stderr per host that was
+    audited (a host that could not be audited already has its error line).
+    """
+    if total < 2:
         return None, lambda: None
+    if not sys.stderr.isatty():
+        done = 0
+
+        def line(report: Report) -> None:
+            nonlocal done
+            done += 1
+            if not report.error:
+                print(f"audit: [{done}/{total}] {progress_line(report)}", file=sys.stderr,
+                      flush=True)
+
+        return line, lambda: None
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
@@ -69,24 +85,45 @@ def _progress(total: int) -> tuple[Callable[[Report], None] | None, Callable[[],
     return (lambda report: progress.advance(task)), progress.stop
 
 
+def progress_line(report: Report) -> str:
+    """Return what one finished host's progress line says: name, status and times."""
+    from auditor.render import one_line
+
+    timing = dict(report.timing)
+    phases = ", ".join(f"{name} {timing[name]:.2f} s" for name in ("connect", "collect")
+                       if name in timing)
+    return (f"{one_line(report.host)}: {report.status.value} "
+            f"({report.duration_s:.2f} s{': ' + phases if phases else ''})")
+
+
 def _fix_remote(target: SshTarget, options: SshOptions, checks: Sequence[CheckClass],
                 policy: Policy, audit_options: AuditOptions, request: FixRequest) -> int:
     """Audit one host with the fix's extra reads, then write and/or apply its fix on the
     same connection."""
+    import datetime as dt
+    import time
+
     from auditor.cli.fix import fix
     from auditor.hosts.ssh import SshHost
     from auditor.registry import collected_paths
-    from auditor.runner import audit
+    from auditor.runner import audit, remote_report, sudo_fell_back
 
     patterns = collected_paths(checks, fix=True)
     with handle_errors(audit_options.debug), SshHost(target, options) as host:
+        started_at, started = dt.datetime.now(dt.timezone.utc), time.perf_counter()
         host.connect()
         host.collect(patterns, keep_open=request.apply)
-        report = audit(host, checks, policy, debug=audit_options.debug)
+        report = remote_report(host, audit(host, checks, policy, debug=audit_options.debug),
+                               started_at, time.perf_counter() - started)
+        fell_back = sudo_fell_back(host, options.sudo)
+        if fell_back:
+            note(f"warning: {fell_back}")
 
         def reaudit() -> Report:
+            again_at, again = dt.datetime.now(dt.timezone.utc), time.perf_counter()
             host.collect(patterns, keep_open=True)
-            return audit(host, checks, policy, debug=audit_options.debug)
+            return remote_report(host, audit(host, checks, policy, debug=audit_options.debug),
+                                 again_at, time.perf_counter() - again)
 
         report, fix_code = fix(host, report, checks, policy, request, reaudit=reaudit,
                                where=target.display, remote=True, sudo=True)
@@ -109,10 +146,10 @@ def host_command(
     identity: IdentityOpt = None,
     sudo: SudoOpt = False,
     timeout: TimeoutOpt = 10.0,
-    parallel: Annotated[int, typer.Option("--parallel", min=1,
+    parallel: Annotated[int, typer.Option("--parallel", min=1, metavar="N",
                                           help="Hosts audited at once.")] = 32,
     workers: Annotated[int | None, typer.Option(
-        "--workers", min=1,
+        "--workers", min=1, metavar="N",
         help="Processes the hosts are spread over (default: one per 16 hosts, up to the "
              "CPUs, from 4 CPUs up).")] = None,
     accept_new_host_keys: AcceptNewOpt = False,
@@ -122,11 +159,11 @@ def host_command(
         "--root", metavar="DIR",
         help="Audit (and fix) the sysroot directory DIR on the host, such as an image "
              "being prepared, instead of the host itself.")] = None,
-    fmt: FormatOpt = "text",
+    fmt: FormatOpt = None,
     output: OutputOpt = None,
     check: CheckOpt = None,
     skip: SkipOpt = None,
-    fail_on: FailOnOpt = FailOn.FAIL,
+    fail_on: FailOnOpt = "fail",
     policy: PolicyOpt = None,
     profile: ProfileOpt = None,
     debug: DebugOpt = False,
@@ -148,7 +185,7 @@ def host_command(
         checks, loaded = prepare(options)
         wanted = [parse_target(t) for t in targets or ()]
         for path in inventory or ():
-            wanted.extend(load_inventory(path))
+            wanted.extend(load_inventory(path, note=lambda line: note(f"note: {line}")))
         if not wanted:
             raise UsageError("no hosts given: name hosts, or pass --inventory FILE")
         reach = ssh_options(user, port, identity, sudo, timeout, accept_new_host_keys,
@@ -161,7 +198,9 @@ def host_command(
     fleet = FleetAudit(wanted, reach, checks, loaded, parallel=parallel, debug=debug,
                        workers=workers,
                        on_error=lambda line: print(f"audit: error: {line}", file=sys.stderr,
-                                                   flush=True))
+                                                   flush=True),
+                       on_note=lambda line: print(f"audit: warning: {line}", file=sys.stderr,
+                                                  flush=True))
     fleet.start()  # fork any workers before the progress bar starts its thread
     on_done, stop_progress = _progress(len(wanted))
     interrupted = False

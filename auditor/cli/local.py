@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import textwrap
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -23,21 +24,27 @@ from auditor.cli.options import (
     RootOpt,
     SkipOpt,
     YesOpt,
+    choice,
     emit,
     fatal,
     handle_errors,
     prepare,
 )
-from auditor.model import FailOn, Report
+from auditor.errors import UsageError
+from auditor.model import Report
+
+if TYPE_CHECKING:
+    from auditor.check import CheckClass
+    from auditor.hosts.base import Host
 
 
 def local_command(
     root: RootOpt = None,
-    fmt: FormatOpt = "text",
+    fmt: FormatOpt = None,
     output: OutputOpt = None,
     check: CheckOpt = None,
     skip: SkipOpt = None,
-    fail_on: FailOnOpt = FailOn.FAIL,
+    fail_on: FailOnOpt = "fail",
     policy: PolicyOpt = None,
     profile: ProfileOpt = None,
     debug: DebugOpt = False,
@@ -49,8 +56,7 @@ def local_command(
 ) -> None:
     """Audit this machine, or a captured sysroot with --root."""
     from auditor.cli.fix import FixRequest, fix
-    from auditor.hosts import LocalHost, open_sysroot
-    from auditor.hosts.base import Host
+    from auditor.hosts import LocalHost
     from auditor.runner import audit
 
     options = AuditOptions.of(fmt, output, check, skip, fail_on, policy, profile, debug)
@@ -60,7 +66,7 @@ def local_command(
         checks, loaded = prepare(options)
 
         def open_host() -> Host:
-            return open_sysroot(root) if root is not None else LocalHost()
+            return open_target(root) if root is not None else LocalHost()
 
         with open_host() as host:
             report = audit(host, checks, loaded, debug=debug)
@@ -74,15 +80,65 @@ def local_command(
     raise typer.Exit(max(emit([report], options), fix_code))
 
 
-def checks_command() -> None:
+#: What a sysroot holds at least one of; a directory with none of them is not one.
+SYSROOT_DIRS = ("/proc", "/sys", "/etc")
+
+
+def open_target(root: str) -> Host:
+    """Open a sysroot (directory or capture); one that holds no proc, sys or etc is a usage
+    error, not an audit of nothing."""
+    from auditor.hosts import open_sysroot
+
+    host = open_sysroot(root)
+    if not any(host.is_dir(path) for path in SYSROOT_DIRS):
+        host.close()
+        raise UsageError(f"{root}: does not look like a sysroot (no proc, sys or etc in it)")
+    return host
+
+
+def checks_command(
+    fmt: Annotated[str, typer.Option(
+        "--format", "-f", metavar="[text|json]", callback=choice("format", ("text", "json")),
+        help="text: a line per check; json: everything about each check.")] = "text",
+) -> None:
     """List the checks with id, severity and one line each."""
     from auditor.registry import load_checks
 
     with handle_errors():
         classes = load_checks()
+    if fmt == "json":
+        print(json.dumps([describe_check(c) for c in classes], indent=2, ensure_ascii=False))
+        return
     width = max(len(c.id) for c in classes)
     for cls in classes:
         print(f"{cls.id.ljust(width)}  {cls.severity.value:<8}  {cls.summary()}")
+
+
+def describe_check(cls: CheckClass) -> dict[str, Any]:
+    """Return everything a check declares, as ``audit checks --format json`` lists it."""
+    options = {
+        spec.name: {
+            "default": spec.default,
+            "allowed": spec.allowed(),
+            **({"choices": list(spec.choices)} if spec.choices is not None else {}),
+            "profiles": {name: values[spec.name] for name, values in cls.profiles.items()
+                         if spec.name in values},
+            "help": spec.help,
+        }
+        for spec in cls.options_type.specs().values()
+    }
+    return {
+        "id": cls.id,
+        "severity": cls.severity.value,
+        "summary": cls.summary(),
+        "rationale": " ".join(cls.rationale.split()),
+        "remedy": " ".join(cls.remedy.split()),
+        "reads": list(cls.reads),
+        "fixable": cls.fixable(),
+        "fix_reads": list(cls.fix_reads),
+        "events": sorted(e.value for e in cls.events),
+        "options": options,
+    }
 
 
 def explain_command(check_id: Annotated[str, typer.Argument(metavar="ID")]) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, NoReturn
 
@@ -20,6 +20,7 @@ import typer
 
 from auditor.errors import AuditorError, UsageError
 from auditor.model import FailOn, Report
+from auditor.render import FORMATS
 
 if TYPE_CHECKING:
     from auditor.check import CheckClass
@@ -68,23 +69,68 @@ def handle_errors(debug: bool = False) -> Iterator[None]:
 
 # -- options every auditing command declares ------------------------------------------------
 
+#: Report formats of ``audit local`` and ``audit host``, and the file extensions ``-o``
+#: infers them from when ``--format`` is not given.
+REPORT_FORMATS = FORMATS
+EXTENSIONS = {".txt": "text", ".json": "json", ".md": "markdown", ".markdown": "markdown",
+              ".html": "html", ".htm": "html", ".xml": "junit", ".prom": "prometheus"}
+PROFILE_NAMES = ("gpu-inference", "latency", "throughput")
+
+
+def choice(what: str, values: Sequence[str],
+           aliases: Mapping[str, str] | None = None) -> Callable[[str | None], str | None]:
+    """Return a typer callback that accepts one of ``values`` (or an alias of one)."""
+    def check(value: str | None) -> str | None:
+        if value is None:
+            return None
+        value = (aliases or {}).get(value, value)
+        if value not in values:
+            raise typer.BadParameter(f"unknown {what} {value!r} (choose from "
+                                     f"{', '.join(values)})")
+        return value
+
+    return check
+
+
+def metavar(values: Sequence[str]) -> str:
+    """Return the choices as help shows them: ``[a|b|c]``."""
+    return "[" + "|".join(values) + "]"
+
+
+def infer_format(fmt: str | None, output: str | None, formats: Sequence[str]) -> str:
+    """Return ``--format``, else the format the output file's extension names, else text."""
+    if fmt is not None:
+        return fmt
+    if output and output != "-":
+        inferred = EXTENSIONS.get(os.path.splitext(output)[1].lower())
+        if inferred is not None and inferred in formats:
+            return inferred
+    return "text"
+
+
 FormatOpt = Annotated[
-    str,
-    typer.Option("--format", "-f", help="text, json, markdown, html, junit, prometheus, line "
-                 "(one line per host, at most 80 bytes) or nfd (node-feature-discovery labels).",
-                 metavar="FORMAT"),
+    str | None,
+    typer.Option("--format", "-f", metavar=metavar(REPORT_FORMATS),
+                 callback=choice("format", REPORT_FORMATS),
+                 help="Report format; line: one line per host, at most 80 bytes; nfd: "
+                      "node-feature-discovery labels (default: from the --output file's "
+                      "extension, else text)."),
 ]
 OutputOpt = Annotated[
     str | None, typer.Option("--output", "-o", help="Write the report to FILE.", metavar="FILE")
 ]
 CheckOpt = Annotated[
-    list[str] | None, typer.Option("--check", help="Run only this check id (repeatable).")
+    list[str] | None, typer.Option("--check", metavar="ID", help="Run only this check id, or "
+                                   "the ids a pattern such as 'pcie.*' matches (repeatable).")
 ]
 SkipOpt = Annotated[
-    list[str] | None, typer.Option("--skip", help="Skip this check id (repeatable).")
+    list[str] | None, typer.Option("--skip", metavar="ID", help="Skip this check id, or the ids "
+                                   "a pattern matches (repeatable).")
 ]
 FailOnOpt = Annotated[
-    FailOn, typer.Option("--fail-on", help="Lowest status that exits 1: warning or fail.")
+    str, typer.Option("--fail-on", metavar=metavar(("warn", "fail")),
+                      callback=choice("level", ("warn", "fail"), {"warning": "warn"}),
+                      help="Lowest status that exits 1 (warning: the same as warn).")
 ]
 PolicyOpt = Annotated[
     str | None, typer.Option("--policy", help="TOML policy file of thresholds and waivers.",
@@ -92,7 +138,9 @@ PolicyOpt = Annotated[
 ]
 ProfileOpt = Annotated[
     str | None,
-    typer.Option("--profile", help="Built-in profile: gpu-inference, latency, throughput."),
+    typer.Option("--profile", metavar=metavar(PROFILE_NAMES),
+                 callback=choice("profile", PROFILE_NAMES),
+                 help="Built-in profile (default: the policy file's, else gpu-inference)."),
 ]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Re-raise a failing check's exception.")]
 RootOpt = Annotated[
@@ -113,16 +161,18 @@ YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Apply without asking.
 
 # -- how to reach hosts over SSH (audit host, audit snapshot) --------------------------------
 
-UserOpt = Annotated[str | None, typer.Option("--user", "-u", help="Log in as USER.")]
+UserOpt = Annotated[str | None, typer.Option("--user", "-u", metavar="USER",
+                                             help="Log in as USER.")]
 PortOpt = Annotated[int | None, typer.Option(
-    "--port", "-p", min=1, max=65535, help="SSH port (default 22 or the ssh config's).")]
+    "--port", "-p", min=1, max=65535, metavar="PORT",
+    help="SSH port (default 22 or the ssh config's).")]
 IdentityOpt = Annotated[str | None, typer.Option(
     "--identity", metavar="KEYFILE", help="Private key to offer.")]
 SudoOpt = Annotated[bool, typer.Option(
     "--sudo", help="Collect under 'sudo -n' (full PCI config space); without a password-less "
                    "sudo the audit goes on unprivileged and says so.")]
 TimeoutOpt = Annotated[float, typer.Option(
-    "--timeout", min=0.1, help="Seconds for connecting and for the command.")]
+    "--timeout", min=0.1, metavar="SECONDS", help="Seconds for connecting and for the command.")]
 AcceptNewOpt = Annotated[bool, typer.Option(
     "--accept-new-host-keys",
     help="Trust an unknown host key on first use and record it in known_hosts (a changed key "
@@ -134,17 +184,49 @@ SshConfigOpt = Annotated[str | None, typer.Option(
     "--ssh-config", metavar="FILE", help="Read this ssh config instead of ~/.ssh/config.")]
 
 
+def _readable_file(path: str, what: str) -> None:
+    """Raise a usage error naming ``path`` unless it is a file this process can read."""
+    expanded = os.path.expanduser(path)
+    if not os.path.exists(expanded):
+        raise UsageError(f"{path}: no such {what}")
+    if not os.path.isfile(expanded):
+        raise UsageError(f"{path}: {what} is not a regular file")
+    try:
+        with open(expanded, "rb") as handle:
+            handle.read(1)
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read {what} ({exc.strerror})") from exc
+
+
 def ssh_options(user: str | None, port: int | None, identity: str | None, sudo: bool,
                 timeout: float, accept_new_host_keys: bool, known_hosts: str | None,
                 ssh_config: str | None, root: str | None = None) -> SshOptions:
-    """Return the SSH options the command line asked for."""
+    """Return the SSH options the command line asked for; a bad key or config file is a
+    usage error naming it, before any host is tried."""
     from auditor.hosts.ssh import SshOptions
+
+    if identity is not None:
+        _readable_file(identity, "identity key file")
+    if ssh_config is not None:
+        _readable_file(ssh_config, "ssh config file")
+        _parse_ssh_config(ssh_config)
 
     return SshOptions(
         user=user, port=port, identity=identity, sudo=sudo, timeout=timeout,
         accept_new_host_keys=accept_new_host_keys,
         known_hosts=(known_hosts,) if known_hosts else (), ssh_config=ssh_config, root=root,
     )
+
+
+def _parse_ssh_config(path: str) -> None:
+    import paramiko
+
+    try:
+        with open(os.path.expanduser(path), encoding="utf-8") as handle:
+            paramiko.SSHConfig().parse(handle)
+    except (OSError, UnicodeDecodeError, ValueError, paramiko.SSHException) as exc:
+        raise UsageError(f"{path}: not a valid ssh config ({' '.join(str(exc).split())})"
+                         ) from exc
 
 
 @dataclass(frozen=True)
@@ -161,13 +243,14 @@ class AuditOptions:
     debug: bool = False
 
     @classmethod
-    def of(cls, fmt: str = "text", output: str | None = None, check: list[str] | None = None,
-           skip: list[str] | None = None, fail_on: FailOn = FailOn.FAIL,
-           policy: str | None = None, profile: str | None = None,
-           debug: bool = False) -> AuditOptions:
-        """Build the options from a command's parameters (lists as typer passes them)."""
-        return cls(fmt, output, tuple(check or ()), tuple(skip or ()), fail_on, policy,
-                   profile, debug)
+    def of(cls, fmt: str | None = "text", output: str | None = None,
+           check: list[str] | None = None, skip: list[str] | None = None,
+           fail_on: FailOn | str = FailOn.FAIL, policy: str | None = None,
+           profile: str | None = None, debug: bool = False) -> AuditOptions:
+        """Build the options from a command's parameters (lists as typer passes them; no
+        format: the one ``output``'s extension names, else text)."""
+        return cls(infer_format(fmt, output, REPORT_FORMATS), output, tuple(check or ()),
+                   tuple(skip or ()), FailOn(fail_on), policy, profile, debug)
 
 
 def prepare(options: AuditOptions) -> tuple[list[CheckClass], Policy]:
@@ -218,6 +301,13 @@ def emit(reports: Sequence[Report], options: AuditOptions) -> int:
         and sys.stdout.isatty()
         and "NO_COLOR" not in os.environ
     )
+    if options.fmt == "html" and len(reports) > 1:
+        # Several hosts: the fleet page audit merge -f html makes, from this run's reports.
+        from auditor.fleet import view_of_reports
+        from auditor.render import render_merge
+
+        write_output(render_merge(view_of_reports(reports), "html"), options.output)
+        return exit_code(reports, options.fail_on)
     with handle_errors(options.debug):
         text = render_reports(reports, options.fmt, fail_on=options.fail_on, colour=colour)
     if options.fmt == "text" and len(reports) > 1:

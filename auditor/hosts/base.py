@@ -55,6 +55,9 @@ class Host(ABC):
     #: The sysroot directory a fix changes (on the machine that runs the fix), or None
     #: for a booted machine and for a capture, which cannot be changed in place.
     root: str | None = None
+    #: Why files only root may read are missing, in a few words ("" when they are not,
+    #: or it is not known): a check that skips for want of root says it.
+    privilege_note: str = ""
 
     # -- primitives a backend provides -------------------------------------------------
 

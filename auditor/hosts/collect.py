@@ -235,8 +235,8 @@ class Collection:
         if self.root:
             return ""
         if self.sudo == "denied":
-            return "sudo -n needs a password, so the files were read without root"
-        return "read as a non-root user (use --sudo for root-only files)"
+            return "sudo -n asked for a password"
+        return "read as a non-root user; --sudo reads as root"
 
 
 def _split_line(data: bytes, start: int, label: str) -> tuple[bytes, int]:

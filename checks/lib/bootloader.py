@@ -52,6 +52,7 @@ _MAX_LINES = 2048
 _MAX_LINE = 4096
 _MAX_TOKENS = 512
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+_BACKSLASH = re.compile(r"\\(.)")
 _ASSIGNMENT = re.compile(r"\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]{0,63})=")
 
 
@@ -159,6 +160,8 @@ def _expand_word(text: str, variables: Mapping[str, list[Token]], here: Source, 
             in_double = not in_double
             index += 1
         elif char == "\\" and index + 1 < size:
+            # Outside and inside quotes alike the character is kept without its backslash:
+            # what GRUB's script passes to the kernel (``\;`` reaches it as ``;``).
             pieces.append((text[index + 1], here))
             index += 2
         elif char == "`":
@@ -422,7 +425,8 @@ def grub_cfg_tokens(host: Host, release: str) -> tuple[str, tuple[str, ...] | No
             words = line.strip()[:_MAX_LINE].split()
             if len(words) >= 2 and words[0] in ("linux", "linux16", "linuxefi") and \
                     words[1].rsplit("/", 1)[-1] == f"vmlinuz-{release}":
-                return path, tuple(words[2:_MAX_TOKENS])
+                # GRUB's script drops a backslash before a character (``\;`` passes ``;``).
+                return path, tuple(_BACKSLASH.sub(r"\1", w) for w in words[2:_MAX_TOKENS])
         return path, None
     return "", None
 

@@ -1,10 +1,11 @@
-"""LXC containers on a host: where their configs are, and a parser of those configs.
+"""LXC containers on a host: where their configs are, what LXC reads from them, and a parser.
 
 Shared by the ``lxc.device_majors`` check and its remediation, which rewrites a
 container's main section with the same parser. :func:`find_containers`,
-:func:`parse_proc_devices` and :func:`cgroup_mode` read facts through the Host seam;
-the rest is a pure parser of Proxmox ``/etc/pve/lxc/*.conf`` and plain LXC ``config``
-files. It follows what the readers of these files accept:
+:func:`parse_proc_devices`, :func:`cgroup_mode`, :func:`load_entries` and the
+running-container readers read facts through the Host seam; the rest is a pure
+parser of Proxmox ``/etc/pve/lxc/*.conf`` and plain LXC ``config`` files. It follows
+what the readers of these files accept:
 
 - Proxmox (``PVE::LXC::Config``): ``key: value``; ``lxc.*`` keys may also be
   written ``key = value``; ``#`` lines are the description. The running config is
@@ -18,6 +19,7 @@ Lines are split on ``\\n`` only, as both readers do, so line numbers match an ed
 
 from __future__ import annotations
 
+import fnmatch
 import posixpath
 import re
 from dataclasses import dataclass, field
@@ -32,6 +34,15 @@ PROC_DEVICES = "/proc/devices"
 PROC_CGROUP = "/proc/1/cgroup"
 PVE_ROOT = "/etc/pve"
 PLAIN_LXC_GLOB = "/var/lib/lxc/*/config"
+#: Incus and LXD: (manager, the directory of its containers, the directory where it writes
+#: the LXC config it generates at each start: ``<logs>/<name>/lxc.conf``; driver_lxc.go
+#: ``configPath := filepath.Join(d.LogPath(), "lxc.conf")``).
+INSTANCE_DIRS: tuple[tuple[str, str, str], ...] = (
+    ("incus", "/var/lib/incus/containers", "/var/log/incus"),
+    ("lxd", "/var/snap/lxd/common/lxd/containers", "/var/snap/lxd/common/lxd/logs"),
+    ("lxd", "/var/lib/lxd/containers", "/var/log/lxd"),
+)
+MAX_INSTANCES = 4096
 
 #: Keys holding device cgroup rules, cgroup v2 first.
 ALLOW_KEYS = ("lxc.cgroup2.devices.allow", "lxc.cgroup.devices.allow")
@@ -94,6 +105,10 @@ class DeviceRule:
     minor: int | None
     #: Subset of ``rwm``; ``a`` rules carry ``rwm``.
     access: frozenset[str]
+    #: The value is exactly ``a``: LXC's cgroup2 program reads only that as the switch
+    #: between allow-list and deny-list (cgroup2_devices.c ``bpf_list_add_device``);
+    #: ``a *:* rwm`` is an ordinary rule there that matches every device.
+    switch: bool = field(default=False, compare=False)
 
     def format(self, major: int | None = None) -> str:
         """Return the rule as LXC writes it, optionally with another major."""
@@ -179,8 +194,8 @@ def parse_device_rule(value: str) -> DeviceRule | None:
     """Parse a ``devices.allow``/``devices.deny`` value, or return None if it does not parse."""
     value = value.strip()
     if value == "a" or value.startswith("a "):
-        # The kernel (and LXC's cgroup2 emulation) read any rule starting with "a" as "all".
-        return DeviceRule("a", None, None, _ACCESS)
+        # The kernel's v1 controller reads any rule starting with "a" as "all".
+        return DeviceRule("a", None, None, _ACCESS, switch=value == "a")
     match = _RULE.fullmatch(value)
     if match is None:
         return None
@@ -238,6 +253,14 @@ class Container:
     id: str
     path: str
     flavour: Flavour
+    #: ``incus`` or ``lxd`` for an instance those managers start (``path`` is the LXC
+    #: config they generated at its last start); "" for Proxmox and plain LXC.
+    manager: str = ""
+
+    @property
+    def kind(self) -> str:
+        """Return who manages the container: ``proxmox``, ``lxc``, ``incus`` or ``lxd``."""
+        return self.manager or self.flavour
 
 
 def parse_proc_devices(text: str) -> dict[str, list[int]]:
@@ -296,6 +319,14 @@ def find_containers(host: Host) -> tuple[list[Container], str]:
         # Proxmox writes /var/lib/lxc/<id>/config from <id>.conf at every start.
         if name not in pve_ids:
             containers.append(Container(name, path, "lxc"))
+    for manager, instances, logs in INSTANCE_DIRS:
+        seen: set[str] = set()
+        for path in host.glob(f"{instances}/*")[:MAX_INSTANCES]:
+            name = path.rsplit("/", 1)[1]
+            if name in seen:
+                continue
+            seen.add(name)
+            containers.append(Container(name, f"{logs}/{name}/lxc.conf", "lxc", manager))
     return containers, note
 
 
@@ -326,3 +357,360 @@ def _pve_lxc_dir(host: Host) -> tuple[str | None, str]:
         f"{PVE_ROOT}/nodes holds {len(nodes)} cluster nodes and none is named "
         f"{hostname!r}, so which containers run here is unknown"
     )
+
+
+# -- what LXC reads: the settings of a config, its includes followed ------------------------
+
+#: LXC's own configuration directory: common.conf, userns.conf, the distributions' files
+#: that include them, and their ``.conf.d`` directories.
+LXC_CONFIG_DIR = "/usr/share/lxc/config"
+#: Where an ``lxc.include`` may point that this audit reads (the collector fetches these):
+#: LXC's shipped configs and their .conf.d directories, shared profiles in /etc/lxc, and
+#: files beside a container's config. An include anywhere else is reported as unread.
+INCLUDE_READS: tuple[str, ...] = (
+    f"{LXC_CONFIG_DIR}/*",
+    f"{LXC_CONFIG_DIR}/*/*",
+    "/etc/lxc/*",
+    "/etc/lxc/*/*",
+    "/var/lib/lxc/*/*.conf",
+)
+#: LXC follows includes without a limit (a loop recurses until it fails); these bound ours.
+MAX_INCLUDE_DEPTH = 8
+MAX_INCLUDED_FILES = 64
+#: An included config is a few dozen lines; more than this is not read.
+MAX_INCLUDE_BYTES = 256 * 1024
+#: Running containers: a cgroup v2 directory exists while a container runs (Proxmox puts
+#: its containers at lxc/<id>, ``lxc.cgroup.dir.container = lxc/$vmid`` in PVE::LXC
+#: ``update_lxc_config``; LXC >= 4 at lxc.payload.<name>, older LXC at lxc/<name>), and on
+#: cgroup v1 the devices controller lists what the container may open.
+CGROUP_V2_DIRS = ("/sys/fs/cgroup/lxc/{name}", "/sys/fs/cgroup/lxc.payload.{name}")
+CGROUP_V1_LISTS = ("/sys/fs/cgroup/devices/lxc/{name}/devices.list",
+                   "/sys/fs/cgroup/devices/lxc.payload.{name}/devices.list")
+RUNNING_READS: tuple[str, ...] = (
+    "/sys/fs/cgroup/lxc/*/cgroup.type",
+    "/sys/fs/cgroup/lxc.payload.*/cgroup.type",
+    "/sys/fs/cgroup/devices/lxc/*/devices.list",
+    "/sys/fs/cgroup/devices/lxc.payload.*/devices.list",
+)
+#: Every path the container readers here may read, beside the configs themselves.
+READS: tuple[str, ...] = (
+    *INCLUDE_READS,
+    *RUNNING_READS,
+    *(f"{instances}/*" for _, instances, _ in INSTANCE_DIRS),
+    *(f"{logs}/*/lxc.conf" for _, _, logs in INSTANCE_DIRS),
+)
+
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One ``lxc.*`` setting as LXC applies it, and where it is written."""
+
+    key: str
+    value: str
+    #: The file it is written in; "" for a setting Proxmox generates or one assumed.
+    path: str = ""
+    #: The line as written (a fix rewrites it); None for generated or assumed settings.
+    line: ConfigLine | None = None
+    #: How a report names where it comes from (``/etc/lxc/gpu.conf:3``, ``dev0``).
+    origin: str = ""
+
+
+@dataclass
+class Loaded:
+    """A config's settings in the order LXC applies them, with what reading them found."""
+
+    entries: list[Entry] = field(default_factory=list)
+    #: Files read through lxc.include.
+    included: list[str] = field(default_factory=list)
+    #: LXC's own files that were not in the tree and whose device settings were assumed.
+    assumed: list[str] = field(default_factory=list)
+    #: Includes this audit could not follow: what they set is unknown.
+    unknown: list[str] = field(default_factory=list)
+    #: Includes LXC refuses (a file that does not exist): the container does not start.
+    fatal: list[str] = field(default_factory=list)
+
+
+def _rules(key_suffix: str, *values: str) -> list[tuple[str, str]]:
+    return [(f"lxc.cgroup2.devices.{key_suffix}", v) for v in values] + [
+        (f"lxc.cgroup.devices.{key_suffix}", v) for v in values]
+
+
+#: The device settings of LXC's shipped files, for trees that lack them (a capture made
+#: without /usr/share/lxc): common.conf starts an allow-list and allows the standard
+#: devices (config/templates/common.conf.in); userns.conf clears the device rules
+#: (config/templates/userns.conf.in); Proxmox's userns.conf.d/01-pve.conf then makes
+#: unprivileged containers a deny-list, "allow = a" (pve-container src/lxc-pve-userns.conf).
+#: Older LXC wrote the same rules with the cgroup v1 keys; a v2 host ignores those.
+_COMMON = [
+    ("lxc.cgroup2.devices.deny", "a"), ("lxc.cgroup.devices.deny", "a"),
+    *_rules("allow", "c *:* m", "b *:* m", "c 1:3 rwm", "c 1:5 rwm", "c 1:7 rwm",
+            "c 5:0 rwm", "c 5:1 rwm", "c 5:2 rwm", "c 1:8 rwm", "c 1:9 rwm",
+            "c 136:* rwm", "c 10:229 rwm"),
+]
+_USERNS = [("lxc.cgroup2.devices.deny", ""), ("lxc.cgroup2.devices.allow", ""),
+           ("lxc.cgroup.devices.deny", ""), ("lxc.cgroup.devices.allow", "")]
+_PVE_USERNS = [*_USERNS, ("lxc.cgroup2.devices.allow", "a")]
+
+
+def _shipped(path: str, proxmox: bool) -> list[tuple[str, str]] | None:
+    """Return the settings of one of LXC's own files as shipped, or None if it is not one."""
+    if path == f"{LXC_CONFIG_DIR}/userns.conf.d":
+        # Proxmox installs 01-pve.conf there; plain LXC ships the directory empty.
+        return list(_PVE_USERNS) if proxmox else []
+    directory, _, name = path.rpartition("/")
+    if directory != LXC_CONFIG_DIR:
+        return None
+    if name == "common.conf":
+        return [*_COMMON, ("lxc.include", f"{LXC_CONFIG_DIR}/common.conf.d/")]
+    if name == "userns.conf":
+        return [*_USERNS, ("lxc.include", f"{LXC_CONFIG_DIR}/userns.conf.d/")]
+    if name.endswith(".common.conf") and _SAFE_NAME.fullmatch(name):
+        return [("lxc.include", f"{LXC_CONFIG_DIR}/common.conf")]
+    if name.endswith(".userns.conf") and _SAFE_NAME.fullmatch(name):
+        return [("lxc.include", f"{LXC_CONFIG_DIR}/userns.conf")]
+    return None
+
+
+def readable_include(path: str) -> bool:
+    """Return whether an include path is one this audit reads (matches INCLUDE_READS)."""
+    parts = path.strip("/").split("/")
+    return any(
+        len(parts) == len(wanted) and all(fnmatch.fnmatchcase(p, w)
+                                          for p, w in zip(parts, wanted, strict=True))
+        for wanted in (p.strip("/").split("/") for p in INCLUDE_READS)
+    )
+
+
+def config_entries(text: str, path: str) -> list[Entry]:
+    """Return the ``lxc.*`` settings of a plain LXC config file's text, in order.
+
+    LXC applies only keys that start with ``lxc.`` ("martian option", confile.c
+    ``parse_line``); a value may be quoted.
+    """
+    return [
+        Entry(line.key, line.value or "", path, line, f"{path}:{line.number}")
+        for line in parse_main_section(text, "lxc").lines
+        if line.key is not None and line.key.startswith("lxc.")
+    ]
+
+
+class _Reader:
+    """Follows lxc.include as confile.c does, bounded, through the Host seam."""
+
+    def __init__(self, host: Host, proxmox: bool, loaded: Loaded) -> None:
+        self.host = host
+        self.proxmox = proxmox
+        self.loaded = loaded
+        self.files = 0
+
+    def expand(self, entries: list[Entry], depth: int, stack: tuple[str, ...]) -> list[Entry]:
+        out: list[Entry] = []
+        for entry in entries:
+            if entry.key != "lxc.include":
+                out.append(entry)
+            elif entry.value:
+                # An empty value only clears the list lxc-info shows: nothing is read.
+                out.extend(self.include(entry.value, entry.origin, depth, stack))
+        return out
+
+    def include(self, value: str, origin: str, depth: int,
+                stack: tuple[str, ...]) -> list[Entry]:
+        where = f"{value!r} ({origin})" if origin else repr(value)
+        if not value.startswith("/"):
+            self.loaded.unknown.append(f"{where}: a relative path, resolved from wherever "
+                                       "LXC was started")
+            return []
+        path = posixpath.normpath(value)
+        if depth >= MAX_INCLUDE_DEPTH or path in stack:
+            self.loaded.unknown.append(f"{where}: includes nest more than "
+                                       f"{MAX_INCLUDE_DEPTH} deep or loop")
+            return []
+        # confile.c set_config_includefiles: a trailing slash or a directory reads every
+        # *.conf in it (do_includedir); anything else is read as one file.
+        directory = value.endswith("/") or (
+            readable_include(path + "/x.conf") and self.host.is_dir(path))
+        if directory:
+            return self.include_dir(path, where, depth, stack)
+        return self.include_file(path, where, depth, stack)
+
+    def assumed(self, path: str, depth: int, stack: tuple[str, ...]) -> list[Entry] | None:
+        settings = _shipped(path, self.proxmox)
+        if settings is None:
+            return None
+        if settings:
+            self.loaded.assumed.append(path)
+        entries = [Entry(k, v, origin=f"{path} (as LXC ships it)") for k, v in settings]
+        return self.expand(entries, depth + 1, (*stack, path))
+
+    def include_dir(self, path: str, where: str, depth: int,
+                    stack: tuple[str, ...]) -> list[Entry]:
+        if not readable_include(path + "/x.conf"):
+            self.loaded.unknown.append(f"{where}: not among the paths this audit reads")
+            return []
+        if not self.host.is_dir(path):
+            # A missing directory is skipped (do_includedir returns 0 on ENOENT).
+            return self.assumed(path, depth, stack) or []
+        # do_includedir reads entries in readdir order, which the file system decides;
+        # sorted is the order of every common file system for a handful of files.
+        names = [n for n in listdir(self.host, path) if len(n) >= 6 and n.endswith(".conf")]
+        out: list[Entry] = []
+        for name in names[:MAX_INCLUDED_FILES]:
+            out.extend(self.include_file(posixpath.join(path, name), where, depth, stack))
+        return out
+
+    def include_file(self, path: str, where: str, depth: int,
+                     stack: tuple[str, ...]) -> list[Entry]:
+        if not readable_include(path):
+            self.loaded.unknown.append(f"{where}: {path} is not among the paths this audit "
+                                       "reads")
+            return []
+        entry = self.host.stat(path)
+        if entry is None:
+            assumed = self.assumed(path, depth, stack)
+            if assumed is not None:
+                return assumed
+            # lxc_config_read fails on a missing file, and with it the whole config.
+            self.loaded.fatal.append(path)
+            return []
+        if entry.kind != "file" or self.files >= MAX_INCLUDED_FILES:
+            why = ("more included files than this audit follows" if entry.kind == "file"
+                   else f"a {entry.kind}, not a file")
+            self.loaded.unknown.append(f"{where}: {path} is {why}")
+            return []
+        try:
+            text = self.host.read_text(path, MAX_INCLUDE_BYTES + 1)
+        except OSError as exc:
+            self.loaded.unknown.append(f"{where}: {path} cannot be read ({exc})")
+            return []
+        if len(text) > MAX_INCLUDE_BYTES:
+            self.loaded.unknown.append(f"{where}: {path} is larger than "
+                                       f"{MAX_INCLUDE_BYTES // 1024} KiB")
+            return []
+        self.files += 1
+        self.loaded.included.append(path)
+        return self.expand(config_entries(text, path), depth + 1, (*stack, path))
+
+
+def load_entries(host: Host, entries: list[Entry], *, proxmox: bool) -> Loaded:
+    """Return ``entries`` with every lxc.include replaced by the settings it reads.
+
+    ``proxmox``: the host runs Proxmox VE, whose userns.conf.d makes unprivileged
+    containers a deny-list; it is assumed where that directory is not in the tree.
+    """
+    loaded = Loaded()
+    loaded.entries = _Reader(host, proxmox, loaded).expand(entries, 0, ())
+    return loaded
+
+
+def proxmox_entries(
+    section: MainSection, path: str, dev_rules: list[tuple[str, str, str]]
+) -> tuple[list[Entry], bool]:
+    """Return the settings Proxmox writes for a container at ``pct start``, in its order.
+
+    PVE::LXC ``update_lxc_config``: the distribution's common config (common.conf
+    through ``<ostype>.common.conf``), the userns config for an unprivileged container,
+    one ``lxc.cgroup2.devices.allow`` per devN entry at the numbers its node has at
+    that moment (``dev_rules``: key, allow value, deny value or ""), and then the
+    container's own ``lxc.*`` lines in their order. Returns the settings and whether
+    the container is unprivileged.
+    """
+    values = {line.key: line.value or "" for line in section.lines if line.key}
+    raw = [
+        Entry(line.key, line.value or "", path, line, f"{path}:{line.number}")
+        for line in section.lines
+        if line.key is not None and line.key.startswith("lxc.")
+        # PVE::LXC::Config parse_pct_config keeps this one for the init's environment.
+        and line.key != "lxc.environment.runtime"
+    ]
+    unprivileged = values.get("unprivileged", "0").strip() == "1" or any(
+        e.key == "lxc.idmap" for e in raw)
+    ostype = values.get("ostype", "").strip()
+    common = (f"{LXC_CONFIG_DIR}/{ostype}.common.conf"
+              if _SAFE_NAME.fullmatch(ostype) else f"{LXC_CONFIG_DIR}/common.conf")
+    generated = [Entry("lxc.include", common, origin=f"Proxmox's base for {ostype or 'it'}")]
+    if unprivileged:
+        userns = (f"{LXC_CONFIG_DIR}/{ostype}.userns.conf"
+                  if _SAFE_NAME.fullmatch(ostype) else f"{LXC_CONFIG_DIR}/userns.conf")
+        generated.append(Entry("lxc.include", userns, origin="Proxmox, unprivileged"))
+    for key, allow, deny in dev_rules:
+        generated.append(Entry("lxc.cgroup2.devices.allow", allow, origin=f"{key} in {path}"))
+        if deny:
+            generated.append(Entry("lxc.cgroup2.devices.deny", deny, origin=f"{key} in {path}"))
+    return [*generated, *raw], unprivileged
+
+
+def proxmox_common_conf(host: Host, ostype: str) -> str:
+    """Return the common config Proxmox includes: ``<ostype>.common.conf`` if it exists."""
+    if _SAFE_NAME.fullmatch(ostype):
+        candidate = f"{LXC_CONFIG_DIR}/{ostype}.common.conf"
+        if host.exists(candidate):
+            return candidate
+    return f"{LXC_CONFIG_DIR}/common.conf"
+
+
+def running(host: Host, name: str) -> bool:
+    """Return whether a container of this name has a cgroup, that is, runs now."""
+    if not _SAFE_NAME.fullmatch(name):
+        return False
+    return any(host.exists(f"{d.format(name=name)}/cgroup.type") for d in CGROUP_V2_DIRS) or any(
+        host.exists(p.format(name=name)) for p in CGROUP_V1_LISTS)
+
+
+def devices_list(host: Host, name: str) -> tuple[str, str] | None:
+    """Return (path, text) of a running container's cgroup v1 ``devices.list``, or None."""
+    if not _SAFE_NAME.fullmatch(name):
+        return None
+    for pattern in CGROUP_V1_LISTS:
+        path = pattern.format(name=name)
+        text = host.read_optional(path)
+        if text is not None:
+            return path, text
+    return None
+
+
+def parse_devices_list(text: str) -> list[DeviceRule]:
+    """Parse a cgroup v1 ``devices.list``: what the group may access, one rule a line.
+
+    The kernel prints ``a *:* rwm`` alone when the group allows everything
+    (security/device_cgroup.c ``devcgroup_seq_show``), else each allowed exception.
+    """
+    rules: list[DeviceRule] = []
+    for raw in text.splitlines()[:4096]:
+        parsed = parse_device_rule(raw)
+        if parsed is not None:
+            rules.append(parsed)
+    return rules
+
+
+def environment_of(entries: list[Entry]) -> dict[str, str]:
+    """Return the environment LXC gives hooks: ``lxc.environment`` and ``.hooks``, in order.
+
+    An empty value clears what came before (confile.c ``set_config_environment_impl``);
+    a name without ``=`` inherits LXC's own environment, unknown here.
+    """
+    env: dict[str, str] = {}
+    for entry in entries:
+        if entry.key not in ("lxc.environment", "lxc.environment.hooks"):
+            continue
+        if not entry.value:
+            env.clear()
+            continue
+        name, sep, value = entry.value.partition("=")
+        if sep:
+            env[name.strip()] = value
+    return env
+
+
+def mount_hooks(entries: list[Entry]) -> list[Entry]:
+    """Return the ``lxc.hook.mount`` settings LXC runs (an empty value clears them)."""
+    hooks: list[Entry] = []
+    for entry in entries:
+        if entry.key != "lxc.hook.mount":
+            continue
+        if not entry.value:
+            hooks.clear()
+        else:
+            hooks.append(entry)
+    return hooks

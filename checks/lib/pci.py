@@ -1,6 +1,7 @@
 """PCI devices as sysfs shows them, and a defensive decoder of their config space.
 
-Shared by the checks that look at PCI devices (``pcie.mrrs``, ``kernel.version``).
+Shared by the checks that look at PCI devices and the paths between them (``pcie.*``,
+``iommu.mode``, ``numa.placement``, ``kernel.version``).
 Everything here reads through the :class:`~auditor.hosts.base.Host` seam and treats
 what it reads as untrusted: a sysroot may hold names that are not PCI addresses,
 config files cut short, and capability lists that point anywhere or loop.
@@ -113,6 +114,10 @@ class PcieCapability:
     max_link_width: int
     link_speed: int
     link_width: int
+    #: Link Control (ASPM Control in bits 1:0: L0s, L1).
+    link_control: int = 0
+    #: Link Capabilities bits 11:10: the ASPM states the port supports.
+    aspm_support: int = 0
 
     @property
     def port_type_name(self) -> str:
@@ -248,9 +253,24 @@ def device_path(address: str) -> str:
     return f"{PCI_DEVICES}/{address}"
 
 
+def read_file(host: Host, path: str, limit: int = 4096) -> str | None:
+    """Return a regular file's text (at most ``limit`` bytes), or None.
+
+    None also for what is not a regular file: a FIFO planted in a sysroot would block the
+    read forever, and sysfs attributes, procfs files and captures' files are all regular.
+    """
+    entry = host.stat(path)
+    if entry is None or entry.kind != "file":
+        return None
+    try:
+        return host.read_text(path, limit)
+    except OSError:
+        return None
+
+
 def read_hex(host: Host, path: str) -> int | None:
     """Return a sysfs hex value (``0x030200``), or None if missing or not hex."""
-    text = host.read_optional(path)
+    text = (read_file(host, path) or "").strip()
     if not text:
         return None
     try:
@@ -261,8 +281,12 @@ def read_hex(host: Host, path: str) -> int | None:
 
 def read_config(host: Host, address: str) -> bytes | None:
     """Return a device's config space bytes, or None if the file cannot be read."""
+    path = f"{device_path(address)}/config"
+    entry = host.stat(path)
+    if entry is None or entry.kind != "file":
+        return None
     try:
-        return host.read_bytes(f"{device_path(address)}/config", CONFIG_READ_LIMIT)
+        return host.read_bytes(path, CONFIG_READ_LIMIT)
     except OSError:
         return None
 
@@ -383,6 +407,7 @@ def decode_pcie_capability(config: bytes) -> PcieCapability | None:
     devcap = _u32(config, offset + 0x04)
     devctl = _u16(config, offset + 0x08)
     linkcap = _u32(config, offset + 0x0C)
+    linkctl = _u16(config, offset + 0x10)
     linksta = _u16(config, offset + 0x12)
     mrrs_code = (devctl >> 12) & 0x7
     return PcieCapability(
@@ -397,9 +422,390 @@ def decode_pcie_capability(config: bytes) -> PcieCapability | None:
         max_link_width=(linkcap >> 4) & 0x3F,
         link_speed=linksta & 0xF,
         link_width=(linksta >> 4) & 0x3F,
+        link_control=linkctl,
+        aspm_support=(linkcap >> 10) & 0x3,
     )
 
 
 def link_speed_name(code: int) -> str:
     """Return a link speed code as lspci spells it (``32GT/s``)."""
     return LINK_SPEEDS.get(code, f"unknown ({code})")
+
+
+def by_address(host: Host) -> dict[str, PciDevice]:
+    """Return :func:`devices` keyed by address."""
+    return {device.address: device for device in devices(host)}
+
+
+# -- extended capabilities (config space from 0x100: root only) ---------------------------
+
+EXT_CAP_START = 0x100
+EXT_CAP_ID_AER = 0x0001
+EXT_CAP_ID_ACS = 0x000D
+EXT_CAP_ID_REBAR = 0x0015
+#: The kernel walks at most this many entries (drivers/pci/pci.c
+#: ``pci_find_next_ext_capability``: ``ttl = (PCI_CFG_SPACE_EXP_SIZE - PCI_CFG_SPACE_SIZE) / 8``).
+_MAX_EXT_CAPS = (CONFIG_READ_LIMIT - EXT_CAP_START) // 8
+
+
+@dataclass(frozen=True)
+class ExtendedCapability:
+    """One entry of the extended capability list: its id, version and offset."""
+
+    id: int
+    version: int
+    offset: int
+
+
+def extended_capabilities(config: bytes) -> list[ExtendedCapability]:
+    """Walk the extended capability list from 0x100 and return its entries in order.
+
+    Walked as the kernel and lspci walk it: a header of 0 or all ones ends the list (a
+    function without extended capabilities), the next pointer is bits 31:20 with the low
+    two bits masked, and a pointer back into the first 256 bytes ends it. Raise
+    :class:`NeedsRoot` when only the 64-byte header was readable and
+    :class:`ConfigSpaceError` when the list loops or runs past the bytes read.
+    """
+    if len(config) <= UNPRIVILEGED_CONFIG_BYTES:
+        raise NeedsRoot("config space cut at 64 bytes: the extended capabilities need root")
+    if len(config) < EXT_CAP_START + 4:
+        # 256 bytes: conventional PCI, or a platform without extended config access.
+        return []
+    found: list[ExtendedCapability] = []
+    seen: set[int] = set()
+    offset = EXT_CAP_START
+    for _ in range(_MAX_EXT_CAPS):
+        if offset + 4 > len(config):
+            raise ConfigSpaceError(
+                f"extended capability at {offset:#x} lies past the {len(config)} bytes read")
+        header = _u32(config, offset)
+        if header in (0, 0xFFFFFFFF):
+            return found
+        if offset in seen:
+            raise ConfigSpaceError(f"extended capability list loops back to {offset:#x}")
+        seen.add(offset)
+        found.append(ExtendedCapability(header & 0xFFFF, (header >> 16) & 0xF, offset))
+        offset = (header >> 20) & 0xFFC
+        if offset < EXT_CAP_START:
+            return found
+    raise ConfigSpaceError(f"extended capability list is longer than {_MAX_EXT_CAPS} entries")
+
+
+def find_extended_capability(config: bytes, cap_id: int) -> int | None:
+    """Return the offset of the first extended capability ``cap_id``, or None."""
+    for cap in extended_capabilities(config):
+        if cap.id == cap_id:
+            return cap.offset
+    return None
+
+
+#: ACS Capability / Control bits, in lspci's names (pciutils lib/header.h ``PCI_ACS_*``).
+ACS_SOURCE_VALIDATION = 0x01
+ACS_TRANSLATION_BLOCKING = 0x02
+ACS_REQUEST_REDIRECT = 0x04
+ACS_COMPLETION_REDIRECT = 0x08
+ACS_UPSTREAM_FORWARDING = 0x10
+ACS_EGRESS_CONTROL = 0x20
+ACS_DIRECT_TRANSLATED = 0x40
+ACS_FLAGS = (
+    (ACS_SOURCE_VALIDATION, "SrcValid"),
+    (ACS_TRANSLATION_BLOCKING, "TransBlk"),
+    (ACS_REQUEST_REDIRECT, "ReqRedir"),
+    (ACS_COMPLETION_REDIRECT, "CmpltRedir"),
+    (ACS_UPSTREAM_FORWARDING, "UpstreamFwd"),
+    (ACS_EGRESS_CONTROL, "EgressCtrl"),
+    (ACS_DIRECT_TRANSLATED, "DirectTrans"),
+)
+#: The bits ``pci=disable_acs_redir=`` clears (drivers/pci/pci.c: PCI_ACS_RR | PCI_ACS_CR |
+#: PCI_ACS_EC): the ones that stop peer traffic from being routed directly.
+ACS_REDIRECT_BITS = ACS_REQUEST_REDIRECT | ACS_COMPLETION_REDIRECT | ACS_EGRESS_CONTROL
+
+
+@dataclass(frozen=True)
+class AcsCapability:
+    """A function's ACS extended capability: where it is, what it offers, what is on."""
+
+    offset: int
+    capability: int
+    control: int
+
+    @property
+    def redirect(self) -> int:
+        """Return the redirect and egress bits set in ACS Control."""
+        return self.control & ACS_REDIRECT_BITS
+
+
+def acs_flags(value: int) -> str:
+    """Return ACS bits as lspci prints them (``SrcValid+ TransBlk- ReqRedir+ ...``)."""
+    return " ".join(f"{name}{'+' if value & bit else '-'}" for bit, name in ACS_FLAGS)
+
+
+def acs_set_names(value: int) -> list[str]:
+    """Return the names of the ACS bits set in ``value``."""
+    return [name for bit, name in ACS_FLAGS if value & bit]
+
+
+def decode_acs(config: bytes) -> AcsCapability | None:
+    """Decode the ACS extended capability (0x000d), or return None if there is none."""
+    offset = find_extended_capability(config, EXT_CAP_ID_ACS)
+    if offset is None:
+        return None
+    if offset + 8 > len(config):
+        raise ConfigSpaceError(f"ACS capability at {offset:#x} runs past the bytes read")
+    return AcsCapability(offset, _u16(config, offset + 4), _u16(config, offset + 6))
+
+
+@dataclass(frozen=True)
+class ResizableBar:
+    """One BAR of the Resizable BAR capability: its index, current and supported sizes."""
+
+    bar: int
+    current_mib: int
+    supported_mib: tuple[int, ...]
+
+
+#: The Resizable BAR capability lists at most six BARs.
+_MAX_REBAR_ENTRIES = 6
+
+
+def decode_rebar(config: bytes) -> list[ResizableBar]:
+    """Decode the Resizable BAR capability (0x0015) as lspci's ``cap_rebar`` does.
+
+    Capability register (entry +4): bits 31:4, bit n set = 2^n MiB supported; control
+    (entry +8): BAR index 2:0, number of BARs 7:5 (first entry), current size 13:8
+    (2^n MiB), more supported sizes 31:16 (bit n = 2^(n+28) MiB).
+    """
+    offset = find_extended_capability(config, EXT_CAP_ID_REBAR)
+    if offset is None:
+        return []
+    entries: list[ResizableBar] = []
+    count = 1
+    index = 0
+    while index < count:
+        where = offset + 4 + 8 * index
+        if where + 8 > len(config):
+            raise ConfigSpaceError(f"Resizable BAR entry at {where:#x} runs past the bytes read")
+        sizes = _u32(config, where) >> 4
+        control = _u32(config, where + 4)
+        if index == 0:
+            count = (control >> 5) & 0x7
+            if not 1 <= count <= _MAX_REBAR_ENTRIES:
+                raise ConfigSpaceError(f"Resizable BAR capability lists {count} BARs")
+        supported = [1 << bit for bit in range(28) if sizes & (1 << bit)]
+        supported += [1 << (bit + 28) for bit in range(16) if (control >> 16) & (1 << bit)]
+        entries.append(ResizableBar(control & 0x7, 1 << ((control >> 8) & 0x3F),
+                                    tuple(supported)))
+        index += 1
+    return entries
+
+
+# -- sysfs attributes beside config -----------------------------------------------------
+
+#: Each reader's sysfs pattern: a check lists those it uses in its ``reads``.
+CONFIG_READS = (f"{PCI_DEVICES}/*/config",)
+NUMA_READS = (f"{PCI_DEVICES}/*/numa_node", f"{PCI_DEVICES}/*/local_cpulist")
+RESOURCE_READS = (f"{PCI_DEVICES}/*/resource", f"{PCI_DEVICES}/*/resource[0-5]_resize")
+LINK_PM_READS = (f"{PCI_DEVICES}/*/link/*",)
+RUNTIME_PM_READS = (f"{PCI_DEVICES}/*/power/control", f"{PCI_DEVICES}/*/power/runtime_status",
+                    f"{PCI_DEVICES}/*/power/runtime_suspended_time")
+AER_READS = (f"{PCI_DEVICES}/*/aer_dev_correctable", f"{PCI_DEVICES}/*/aer_dev_fatal",
+             f"{PCI_DEVICES}/*/aer_dev_nonfatal", f"{PCI_DEVICES}/*/aer_rootport_total_err_*")
+IOMMU_GROUP_READS = (f"{PCI_DEVICES}/*/iommu_group",)
+
+#: Small sysfs attributes are a line; nothing here needs more.
+_ATTRIBUTE_LIMIT = 4096
+_NUMBER = re.compile(r"-?[0-9]{1,19}", re.ASCII)
+
+
+def read_attribute(host: Host, address: str, name: str) -> str | None:
+    """Return a device attribute's text, stripped (at most 4 KiB), or None if unreadable."""
+    text = read_file(host, f"{device_path(address)}/{name}", _ATTRIBUTE_LIMIT)
+    return text.strip() if text is not None else None
+
+
+def read_int(host: Host, address: str, name: str) -> int | None:
+    """Return a device attribute holding a decimal integer, or None."""
+    text = read_attribute(host, address, name)
+    return int(text) if text is not None and _NUMBER.fullmatch(text) else None
+
+
+def numa_node(host: Host, address: str) -> int | None:
+    """Return the device's ``numa_node`` (-1 when firmware gave none), or None if unreadable."""
+    return read_int(host, address, "numa_node")
+
+
+_CPULIST = re.compile(r"[0-9]{1,5}(?:-[0-9]{1,5})?(?:,[0-9]{1,5}(?:-[0-9]{1,5})?){0,1023}",
+                      re.ASCII)
+
+
+def local_cpulist(host: Host, address: str) -> str | None:
+    """Return the device's ``local_cpulist`` when it is a well-formed CPU list, else None."""
+    text = read_attribute(host, address, "local_cpulist")
+    return text if text is not None and _CPULIST.fullmatch(text) else None
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One line of sysfs ``resource``: a BAR's start, end and flags."""
+
+    start: int
+    end: int
+    flags: int
+
+    @property
+    def size(self) -> int:
+        """Return the size in bytes (0 for an unused BAR)."""
+        return self.end - self.start + 1 if self.end > self.start else 0
+
+
+#: BARs 0-5, the ROM, then bridge windows or SR-IOV BARs: never more than 17 lines.
+_MAX_RESOURCE_LINES = 17
+_RESOURCE_LINE = re.compile(r"0x([0-9a-f]{1,16}) 0x([0-9a-f]{1,16}) 0x([0-9a-f]{1,16})", re.ASCII)
+
+
+def resources(host: Host, address: str) -> list[Resource] | None:
+    """Return the device's ``resource`` lines in order, or None if unreadable or malformed."""
+    text = read_file(host, f"{device_path(address)}/resource", _ATTRIBUTE_LIMIT)
+    if text is None:
+        return None
+    found: list[Resource] = []
+    for line in text.splitlines()[:_MAX_RESOURCE_LINES]:
+        match = _RESOURCE_LINE.fullmatch(line.strip())
+        if match is None:
+            return None
+        found.append(Resource(*(int(group, 16) for group in match.groups())))
+    return found
+
+
+def resize_sizes(host: Host, address: str, bar: int) -> tuple[int, ...] | None:
+    """Return the sizes (MiB) ``resource<bar>_resize`` offers, or None without the file.
+
+    The file (kernel 6.1+) holds a hex bitmap: bit n set = 2^n MiB is supported
+    (Documentation/ABI/testing/sysfs-bus-pci).
+    """
+    text = read_attribute(host, address, f"resource{bar}_resize")
+    if text is None:
+        return None
+    bitmap = text.partition(":")[0].removeprefix("0x")
+    if not bitmap or len(bitmap) > 16 or not all(c in "0123456789abcdefABCDEF" for c in bitmap):
+        return None
+    value = int(bitmap, 16)
+    return tuple(1 << bit for bit in range(64) if value & (1 << bit))
+
+
+#: ASPM link attributes (drivers/pci/pcie/aspm.c ``aspm_ctrl_attrs``): present on the
+#: device at the lower end of a link, and on a downstream port for the link below it,
+#: only for the states the link supports.
+LINK_ASPM_STATES = ("l0s_aspm", "l1_aspm", "l1_1_aspm", "l1_2_aspm", "l1_1_pcipm", "l1_2_pcipm",
+                    "clkpm")
+
+
+def link_pm(host: Host, address: str) -> dict[str, str]:
+    """Return the device's ``link/*`` ASPM attributes that read ``0`` or ``1``."""
+    found: dict[str, str] = {}
+    for name in LINK_ASPM_STATES:
+        value = read_attribute(host, address, f"link/{name}")
+        if value in ("0", "1"):
+            found[name] = value
+    return found
+
+
+@dataclass(frozen=True)
+class RuntimePm:
+    """A device's runtime power management: who controls it and how long it slept."""
+
+    control: str
+    status: str
+    suspended_ms: int | None
+
+
+_WORD = re.compile(r"[a-z][a-z_-]{0,31}", re.ASCII)
+
+
+def runtime_pm(host: Host, address: str) -> RuntimePm | None:
+    """Return ``power/control``, ``runtime_status`` and ``runtime_suspended_time``."""
+    control = read_attribute(host, address, "power/control")
+    if control is None or not _WORD.fullmatch(control):
+        return None
+    status = read_attribute(host, address, "power/runtime_status") or ""
+    return RuntimePm(control, status if _WORD.fullmatch(status) else "",
+                     read_int(host, address, "power/runtime_suspended_time"))
+
+
+def iommu_group(host: Host, address: str) -> str | None:
+    """Return the number of the device's IOMMU group, or None if it has none."""
+    target = host.readlink(f"{device_path(address)}/iommu_group")
+    if not target:
+        return None
+    name = target.rstrip("/").rsplit("/", 1)[-1]
+    return name if name.isascii() and name.isdigit() and len(name) <= 6 else None
+
+
+# -- AER statistics ------------------------------------------------------------------------
+
+#: The kernel's names for the AER counters (drivers/pci/pcie/aer.c
+#: ``aer_correctable_error_string`` / ``aer_uncorrectable_error_string``, 5.x and later),
+#: keyed by the long names 4.19's files printed (the ABI document's sample output).
+AER_LONG_NAMES = {
+    "Receiver Error": "RxErr", "Bad TLP": "BadTLP", "Bad DLLP": "BadDLLP",
+    "RELAY_NUM Rollover": "Rollover", "Replay Timer Timeout": "Timeout",
+    "Advisory Non-Fatal": "NonFatalErr", "Corrected Internal Error": "CorrIntErr",
+    "Header Log Overflow": "HeaderOF", "Data Link Protocol": "DLP",
+    "Surprise Down Error": "SDES", "Poisoned TLP": "TLP", "Flow Control Protocol": "FCP",
+    "Completion Timeout": "CmpltTO", "Completer Abort": "CmpltAbrt",
+    "Unexpected Completion": "UnxCmplt", "Receiver Overflow": "RxOF", "Malformed TLP": "MalfTLP",
+    "Unsupported Request": "UnsupReq", "ACS Violation": "ACSViol",
+    "Uncorrectable Internal Error": "UncorrIntErr", "MC Blocked TLP": "BlockedTLP",
+    "AtomicOp Egress Blocked": "AtomicOpBlocked", "TLP Prefix Blocked Error": "TLPBlockedErr",
+}
+AER_FILES = {"correctable": "aer_dev_correctable", "nonfatal": "aer_dev_nonfatal",
+             "fatal": "aer_dev_fatal"}
+_AER_MAX_LINES = 64
+
+
+@dataclass(frozen=True)
+class AerCounters:
+    """One device's AER statistics since boot, by severity then counter name."""
+
+    counters: dict[str, dict[str, int]]
+    totals: dict[str, int]
+    #: ``aer_rootport_total_err_*`` of a root port (messages from its whole hierarchy).
+    rootport: dict[str, int]
+
+
+def _aer_name(raw: str) -> str:
+    name = AER_LONG_NAMES.get(raw, raw)
+    return re.sub(r"[^A-Za-z0-9_]", "_", name[:48])
+
+
+def aer_counters(host: Host, address: str) -> AerCounters | None:
+    """Return the device's AER counters, or None when it has no ``aer_dev_*`` files."""
+    counters: dict[str, dict[str, int]] = {}
+    totals: dict[str, int] = {}
+    for severity, name in AER_FILES.items():
+        text = read_file(host, f"{device_path(address)}/{name}", _ATTRIBUTE_LIMIT)
+        if text is None:
+            continue
+        values: dict[str, int] = {}
+        for line in text.splitlines()[:_AER_MAX_LINES]:
+            head, _, tail = line.strip().rpartition(" ")
+            key = head.strip()
+            if not (key and tail.isascii() and tail.isdigit() and len(tail) <= 20):
+                continue
+            count = int(tail)
+            if key.startswith("TOTAL_ERR_"):
+                totals[severity] = count
+            else:
+                values[_aer_name(key)] = count
+        counters[severity] = values
+        if severity not in totals:
+            totals[severity] = sum(values.values())
+    if not counters:
+        return None
+    rootport: dict[str, int] = {}
+    for severity, suffix in (("correctable", "cor"), ("fatal", "fatal"),
+                             ("nonfatal", "nonfatal")):
+        value = read_int(host, address, f"aer_rootport_total_err_{suffix}")
+        if value is not None and value >= 0:
+            rootport[severity] = value
+    return AerCounters(counters, totals, rootport)

@@ -106,6 +106,107 @@ def test_checks_and_explain_list_every_check() -> None:
         assert "How it is fixed:" in explained.stdout
 
 
+# -- command-line conventions ----------------------------------------------------------------
+
+
+def test_version_and_short_help() -> None:
+    from auditor import __version__
+
+    version = run("--version")
+    assert version.returncode == 0 and version.stdout == f"audit (host-auditor) {__version__}\n"
+    for command in ("local", "host", "merge", "watch", "checks", "snapshot", "fingerprint"):
+        short, long = run(command, "-h"), run(command, "--help")
+        assert short.returncode == 0 and short.stdout == long.stdout, command
+        assert "<str>" not in short.stdout and "<int" not in short.stdout, short.stdout
+
+
+def test_choices_are_shown_as_choices_in_help() -> None:
+    local = " ".join(run("local", "-h").stdout.split())
+    assert "[text|json|markdown|html|junit|prometheus|line|nfd]" in local
+    assert "--fail-on [warn|fail]" in local
+    assert "--profile [gpu-inference|latency|throughput]" in local
+    assert "--source [auto|udev|kernel]" in " ".join(run("watch", "-h").stdout.split())
+    assert "[text|json|html|prometheus|line]" in " ".join(run("merge", "-h").stdout.split())
+
+
+def test_fail_on_warn_and_its_alias_warning(h200: Sysroot,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    # a downtrained link is a warning: pass at --fail-on fail, exit 1 at warn
+    h200.write("/etc/hostname", "gpu-01\n")
+    base = ["local", "--root", str(h200.root), "--check", "pcie.mrrs"]
+    from tests.checks.test_pcie_mrrs import GPU, setpci
+
+    setpci(h200, GPU, "CAP_EXP+12.w=0085:03ff")  # Link Status: 32GT/s x8 of x16
+    assert main([*base]) == 0
+    assert main([*base, "--fail-on", "warn"]) == 1
+    assert main([*base, "--fail-on", "warning"]) == 1
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize(("name", "check"), [
+    ("r.json", lambda text: json.loads(text)["host"] == "vm-virtio"),
+    ("r.html", lambda text: text.startswith("<!DOCTYPE html>")),
+    ("r.md", lambda text: text.startswith("# host-auditor: vm-virtio")),
+    ("r.xml", lambda text: text.startswith("<?xml") and "<testsuites" in text),
+    ("r.prom", lambda text: "# TYPE host_auditor_up gauge" in text),
+    ("r.txt", lambda text: text.startswith("host-auditor  vm-virtio")),
+    ("r.out", lambda text: text.startswith("host-auditor  vm-virtio")),
+])
+def test_output_extension_names_the_format(tmp_path: Path, name: str, check: object) -> None:
+    out = tmp_path / name
+    result = run("local", "--root", str(CAPTURES["virtio"]), "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    assert check(out.read_text())  # type: ignore[operator]
+    # --format still wins over the extension
+    assert run("local", "--root", str(CAPTURES["virtio"]), "-o", str(out), "-f",
+               "text").returncode == 0
+    assert out.read_text().startswith("host-auditor  vm-virtio")
+
+
+def test_checks_as_json_lists_what_each_check_declares() -> None:
+    listing = run("checks", "--format", "json")
+    assert listing.returncode == 0
+    checks = {c["id"]: c for c in json.loads(listing.stdout)}
+    text_ids = [line.split()[0] for line in run("checks").stdout.splitlines()]
+    assert list(checks) == text_ids
+    mrrs = checks["pcie.mrrs"]
+    assert mrrs["fixable"] is True and "pci" in mrrs["events"]
+    assert mrrs["options"]["min_read_request_bytes"]["default"] == 4096
+    assert 3000 not in mrrs["options"]["min_read_request_bytes"]["choices"]
+    assert checks["cpu.cstates"]["options"]["max_exit_latency_us"]["profiles"]["latency"] == 2
+
+
+@pytest.mark.parametrize("args", [
+    ["local", "--format", "yaml"],
+    ["local", "--fail-on", "sometimes"],
+    ["local", "--profile", "fastest"],
+    ["local", "--bogus"],
+    ["nosuch"],
+    ["merge", "-f", "markdown", "x.json"],
+    ["watch", "--source", "dbus"],
+    ["checks", "-f", "xml"],
+])
+def test_a_bad_command_line_is_one_line_and_exit_2(args: list[str]) -> None:
+    result = run(*args)
+    assert result.returncode == 2 and result.stdout == ""
+    [line] = result.stderr.splitlines()
+    assert line.startswith("audit: error: ") and line.endswith(" -h)"), line
+
+
+def test_a_directory_that_is_no_sysroot_is_a_usage_error(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "photos" / "2024").mkdir(parents=True)
+    for root in (tmp_path / "empty", tmp_path / "photos"):
+        for command in (["local"], ["fingerprint"]):
+            result = run(*command, "--root", str(root))
+            assert result.returncode == 2, result.stdout
+            assert result.stderr == (f"audit: error: {root}: does not look like a sysroot "
+                                     "(no proc, sys or etc in it)\n")
+    # one of the three is enough: a bare image's etc is audited (its checks skip)
+    (tmp_path / "photos" / "etc").mkdir()
+    assert run("local", "--root", str(tmp_path / "photos")).returncode == 0
+
+
 def test_an_internal_error_is_one_line_and_exit_4(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

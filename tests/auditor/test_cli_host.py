@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from auditor.cli import main
+from auditor.hosts import LocalHost
 from auditor.hosts.ssh import SshTarget
 from auditor.inventory import expand_range, load_inventory, parse_ini, parse_yaml
 from auditor.model import CheckResult, Report, Status
@@ -53,6 +54,15 @@ def test_replay_equals_audit_local(ssh_env: SshEnv, capsys: pytest.CaptureFixtur
     assert findings_without_host(remote) == findings_without_host(local)
     assert [c["check"] for c in remote["checks"]] == [c["check"] for c in local["checks"]]
     assert {k: v for k, v in remote["facts"].items()} == local["facts"]
+    # A remote audit's time is all of it: connecting and collecting, not the checks alone.
+    timing = remote["timing"]
+    assert set(timing) == {"connect_s", "collect_s", "checks_s"} and "timing" not in local
+    assert timing["connect_s"] > 0 and timing["collect_s"] > 0
+    assert remote["duration_s"] >= timing["connect_s"] + timing["collect_s"] + timing[
+        "checks_s"] - 0.001
+    _, text, _ = run_audit(capsys, "host", ssh_env.server.target, *ssh_env.cli_args())
+    assert re.search(r"\d+\.\d\d s \(connect \d+\.\d\d s, collect \d+\.\d\d s, "
+                     r"checks \d+\.\d\d s\)$", text.splitlines()[0])
 
 
 @ssh
@@ -73,8 +83,21 @@ def test_sudo_without_password_is_noted_in_the_report(
 ) -> None:
     code, out, err = run_audit(capsys, "host", ssh_env.server.target,
                                *ssh_env.cli_args(NOSUDO), "--sudo", "--format", "json")
-    assert code in (0, 1) and err == ""
-    assert "sudo -n needs a password" in json.loads(out)["facts"]["privilege"]
+    assert code in (0, 1)
+    # said once on stderr, and in the report
+    assert err == (f"audit: warning: {ssh_env.server.target}: --sudo: sudo -n asked for a "
+                   "password; audited without root\n")
+    document = json.loads(out)
+    assert document["facts"]["privilege"] == "sudo -n asked for a password"
+    skips = [f for f in document["findings"] if "needs root" in f["message"]]
+    if LocalHost().glob("/sys/bus/pci/devices/*/config") and skips:
+        assert all(f["status"] == "skip" and f["message"].endswith(
+            "(needs root: sudo -n asked for a password)") for f in skips)
+    for fmt in ("text", "markdown", "html", "junit", "prometheus"):
+        _, out, _ = run_audit(capsys, "host", ssh_env.server.target, *ssh_env.cli_args(NOSUDO),
+                              "--sudo", "--format", fmt)
+        head = out[:out.find("STATUS")] if fmt == "text" else out
+        assert "sudo -n asked for a password" in head, fmt
 
 
 @ssh
@@ -99,9 +122,13 @@ def test_fleet_with_unreachable_hosts(
         assert by_target[server.target]["findings"]
     assert "refused" in by_target[dead]["error"]
     assert "timed out" in by_target[f"127.0.0.1:{silent.port}"]["error"]
+    # Not a terminal: one line per host, an error line for each that could not be audited.
     lines = err.strip().splitlines()
-    assert len(lines) == 2
-    assert any(dead in line and "refused" in line for line in lines)
+    assert len(lines) == 5
+    errors = [line for line in lines if line.startswith("audit: error: ")]
+    assert len(errors) == 2 and any(dead in line and "refused" in line for line in errors)
+    assert sum(1 for line in lines if re.match(r"audit: \[\d/5\] \S+: (pass|warn|fail) ",
+                                                 line)) == 3
 
 
 @ssh
@@ -134,7 +161,7 @@ def test_inventory_ini_reaches_hosts_by_ansible_vars(
                                str(ssh_env.lab.client_key), "--known-hosts",
                                str(ssh_env.known_hosts), "--format", "json")
     document = json.loads(out)
-    assert err == "" and code in (0, 1)
+    assert "error" not in err and code in (0, 1)
     assert sorted(h["target"] for h in document["hosts"]) == sorted([
         f"ssh://{SUDO}@127.0.0.1:{fleet[0].port}",
         f"ssh://{NOSUDO}@127.0.0.1:{fleet[1].port}",
@@ -201,7 +228,7 @@ def test_namespace_hosts_dead_and_alive(
     assert errors[server.target] == ""
     assert "refused" in errors[closed]
     assert "timed out" in errors[silent] or "unreachable" in errors[silent]
-    assert len(err.strip().splitlines()) == 2
+    assert len([line for line in err.splitlines() if line.startswith("audit: error:")]) == 2
 
 
 @pytest.mark.parametrize("args", [
@@ -397,20 +424,41 @@ def test_proxyjump_checks_the_jump_hosts_key_too(
     assert f"[127.0.0.1]:{ssh_env.server.port} is not in known_hosts" in err
 
 
-def test_progress_bar_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch,
-                                         capsys: pytest.CaptureFixture[str]) -> None:
-    from auditor.cli.host import _progress
-
-    advance, stop = _progress(3)
-    assert advance is None  # stderr is captured, not a terminal
-    stop()
-    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
-    advance, stop = _progress(3)
-    assert advance is not None
-    for _ in range(3):
-        advance(Report("h", "ssh://h", "", 0.0, ()))
-    stop()
-    assert _progress(1)[0] is None  # one host: no bar
+@ssh
+def test_progress_bar_on_a_terminal_and_lines_off_one(
+    ssh_env: SshEnv, fleet: list[Sshd]
+) -> None:
+    """stderr a terminal: rich's bar, no per-host lines; a pipe: one line per host."""
+    command = [str(Path(sys.executable).parent / "audit"), "host", fleet[0].target,
+               fleet[1].target, *ssh_env.cli_args(), "--check", "numa.balancing"]
+    controller, terminal = pty.openpty()
+    try:
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                   stderr=terminal, env={**os.environ, "TERM": "xterm",
+                                                         "COLUMNS": "120"})
+        os.close(terminal)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(controller, 65536)
+            except OSError:  # EIO: the terminal's other side closed
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        process.communicate(timeout=120)
+    finally:
+        os.close(controller)
+    shown = b"".join(chunks).decode("utf-8", "replace")
+    assert process.returncode in (0, 1), shown
+    assert "auditing" in shown and "2/2" in shown and "\x1b[" in shown
+    assert "audit: [" not in shown
+    piped = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    lines = piped.stderr.splitlines()
+    assert len(lines) == 2 and all(re.match(r"audit: \[[12]/2\] \S+: (pass|warn|fail) "
+                                            r"\(\d+\.\d\d s: connect \d+\.\d\d s, "
+                                            r"collect \d+\.\d\d s\)$", line)
+                                   for line in lines), lines
 
 
 # -- applying a fix over SSH: to a sysroot on the host (--root), so nothing here changes ------
@@ -518,3 +566,52 @@ def test_apply_needs_yes_off_a_terminal_and_sudo_on_the_host(
     assert code == 1
     assert "password is required" in err and "the fix script exited 1" in err
     assert tree_hash(image) == before
+
+
+@pytest.mark.parametrize("option", ["--identity", "--ssh-config"])
+def test_a_bad_identity_or_ssh_config_is_a_usage_error_naming_it(
+    option: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Exit 2 before any host is tried (an unresolvable host would be exit 3)."""
+    hosts = ["gpu-01.invalid", "gpu-02.invalid"]
+    missing = tmp_path / "absent"
+    code, out, err = run_audit(capsys, "host", *hosts, option, str(missing))
+    assert (code, out) == (2, "")
+    assert err.startswith(f"audit: error: {missing}: no such ") and err.count("\n") == 1
+    code, _, err = run_audit(capsys, "host", *hosts, option, str(tmp_path))
+    assert code == 2 and f"{tmp_path}: " in err and "not a regular file" in err
+    code, _, err = run_audit(capsys, "snapshot", "gpu-01.invalid", "-o", str(tmp_path / "s"),
+                             option, str(missing))
+    assert code == 2 and str(missing) in err
+
+
+def test_an_ssh_config_that_does_not_parse_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "ssh_config"
+    config.write_text("Host gpu\n    HostName\n")
+    code, _, err = run_audit(capsys, "host", "gpu", "--ssh-config", str(config))
+    assert code == 2
+    assert err.startswith(f"audit: error: {config}: not a valid ssh config (") and \
+        err.count("\n") == 1
+
+
+@ssh
+def test_html_for_several_hosts_is_the_fleet_page(
+    ssh_env: SshEnv, fleet: list[Sshd], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """audit host -f html with several hosts writes the page audit merge -f html makes."""
+    dead = f"127.0.0.1:{free_port()}"
+    page = tmp_path / "fleet.html"
+    code, _, _ = run_audit(capsys, "host", fleet[0].target, fleet[1].target, dead,
+                           *ssh_env.cli_args(), "-o", str(page))
+    assert code == 3
+    html = page.read_text()
+    assert html.count('class="host-row') == 3 and 'class="grid"' in html
+    assert '<p class="summary" id="summary">' in html and "<h2>Tuning fingerprints</h2>" in html
+    # Both sshd serve this machine: one host name, so each row names its target too.
+    rows = re.findall(r'<tr class="host-row (\w+)[^"]*" data-host="([^"]+)"', html)
+    live = sorted(host.rpartition(" (")[2] for _, host in rows if "(ssh://" in host)
+    assert live == sorted(f"ssh://{SUDO}@{server.target})" for server in fleet[:2])
+    # an error keeps its case: no upper-casing style on it
+    assert re.search(r'class="muted error-text">127\.0\.0\.1:\d+: connection refused<', html)

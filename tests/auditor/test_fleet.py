@@ -140,7 +140,7 @@ def test_golden_diff_names_hosts_and_what_differs(
     assert diff["same"] == ["gpu-02"]
     assert list(diff["differ"]) == ["gpu-03"]
     [numa] = [d for d in diff["differ"]["gpu-03"] if d["check"] == "numa.balancing"]
-    assert numa == {"check": "numa.balancing", "subject": "kernel",
+    assert numa == {"check": "numa.balancing", "subject": "kernel", "aspect": "",
                     "golden": {"status": "pass", "observed": "0"},
                     "host": {"status": "fail", "observed": "1"}}
     _, text, _ = merge(capsys, "--golden", "gpu-01", *files)
@@ -214,8 +214,8 @@ def test_fingerprint_ignores_host_name_and_time_but_not_tuning(
     policy = tmp_path / "waive.toml"
     policy.write_text('[[waivers]]\ncheck = "numa.balancing"\nreason = "study"\n')
     waived = results(changed, "gpu-03", "--policy", str(policy))
-    assert [f["status"] for f in json.loads(waived.read_text())["findings"]
-            if f["check"] == "numa.balancing"] == ["pass"]
+    assert [(f["status"], f["waived"]) for f in json.loads(waived.read_text())["findings"]
+            if f["check"] == "numa.balancing"] == [("fail", True)]
     assert fingerprint_of(waived) == fingerprint_of(results(changed, "gpu-04"))
 
 
@@ -228,7 +228,8 @@ def test_fingerprint_command_text_json_and_saved_report(
     assert main(["fingerprint", "--root", str(h200.root), "--format", "json"]) == 0
     document = json.loads(capsys.readouterr().out)
     assert document["fingerprint"] == stamp.strip()
-    assert ["numa.balancing", "kernel", "pass", "0"] in document["inputs"]["findings"]
+    assert ["numa.balancing", "kernel", "", "pass", "0"] in document["inputs"]["findings"]
+    assert document["inputs"]["version"] == 2
     assert "started" not in json.dumps(document["inputs"])
     saved = results(h200, "gpu-01")
     assert main(["fingerprint", "--report", str(saved)]) == 0
@@ -267,8 +268,8 @@ def test_prometheus_output_parses_and_has_a_series_per_finding(
     assert "# TYPE host_auditor_finding gauge" in text
     families = parse(text)
     findings = families["host_auditor_finding"]
-    assert ({"host": "gpu-07", "check": "numa.balancing", "subject": "kernel",
-             "status": "fail", "severity": "high"}, 1.0) in findings
+    assert ({"host": "gpu-07", "check": "numa.balancing", "subject": "kernel", "aspect": "",
+             "status": "fail", "severity": "high", "waived": "false"}, 1.0) in findings
     assert ({"host": "gpu-07", "check": "numa.balancing"}, 3.0) in families[
         "host_auditor_check_status"]
     assert ({"host": "gpu-07", "status": "fail"}, 1.0) in families["host_auditor_findings"]

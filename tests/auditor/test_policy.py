@@ -173,22 +173,23 @@ def waive(finding: Finding, *waivers: Waiver) -> Finding:
     return Policy(waivers=waivers).apply_waivers(finding, TODAY)
 
 
-def test_live_waiver_turns_failure_into_waived_pass() -> None:
+def test_live_waiver_keeps_the_real_status_and_marks_the_finding() -> None:
     finding = make_finding(check="pcie.mrrs", subject="0000:41:00.0", host="gpu-07")
     waived = waive(finding, Waiver("pcie.mrrs", "firmware caps it", "gpu-0*", "0000:41:*",
                                    dt.date(2027, 3, 31)))
-    assert waived.status is Status.PASS
-    assert waived.message.startswith("waived until 2027-03-31: firmware caps it [fail: ")
-    assert dict(waived.evidence)["waived"] == "fail"
+    assert waived.status is Status.FAIL and waived.waived
+    assert waived.counted is Status.PASS  # not a problem in roll-ups and the exit code
+    assert waived.waiver == "firmware caps it (until 2027-03-31)"
+    assert waived.message == finding.message and waived.evidence == finding.evidence
 
 
 def test_waiver_holds_through_its_expiry_day_and_lapses_the_day_after() -> None:
     finding = make_finding()
     on_the_day = Waiver("numa.balancing", "r", expires=TODAY)
-    assert waive(finding, on_the_day).status is Status.PASS
+    assert waive(finding, on_the_day).waived
     lapsed = Waiver("numa.balancing", "batch host", expires=TODAY - dt.timedelta(days=1))
     result = waive(finding, lapsed)
-    assert result.status is Status.FAIL
+    assert result.status is Status.FAIL and not result.waived
     assert "waiver expired on 2026-12-02: batch host" in result.message
     assert dict(result.evidence)["waiver_expired"] == "2026-12-02"
 
@@ -196,7 +197,7 @@ def test_waiver_holds_through_its_expiry_day_and_lapses_the_day_after() -> None:
 def test_expired_waiver_does_not_hide_a_later_live_one() -> None:
     lapsed = Waiver("numa.balancing", "old", expires=dt.date(2020, 1, 1))
     live = Waiver("numa.balancing", "new", expires=dt.date(2030, 1, 1))
-    assert waive(make_finding(), lapsed, live).status is Status.PASS
+    assert waive(make_finding(), lapsed, live).waiver == "new (until 2030-01-01)"
 
 
 @pytest.mark.parametrize(
@@ -213,7 +214,7 @@ def test_expired_waiver_does_not_hide_a_later_live_one() -> None:
 def test_host_and_subject_globs(host: str, subject: str, applies: bool) -> None:
     finding = make_finding(check="pcie.mrrs", host="gpu-07", subject="0000:41:00.0")
     result = waive(finding, Waiver("pcie.mrrs", "r", host, subject))
-    assert (result.status is Status.PASS) is applies
+    assert result.waived is applies
 
 
 def test_waivers_leave_pass_skip_error_and_other_checks_alone() -> None:
@@ -224,7 +225,7 @@ def test_waivers_leave_pass_skip_error_and_other_checks_alone() -> None:
     other = make_finding(check="pcie.mrrs")
     assert waive(other, waiver) == other
     warned = make_finding(status=Status.WARN)
-    assert waive(warned, waiver).status is Status.PASS
+    assert waive(warned, waiver).waived and waive(warned, waiver).status is Status.WARN
 
 
 # -- end to end: a real capture with a problem planted, through the CLI ------------------
@@ -255,9 +256,12 @@ def test_waiver_applies_end_to_end(
     code, report = audit_json(h200, "--policy", policy, capsys=capsys)
     [finding] = report["findings"]
     assert code == 0
-    assert finding["status"] == "pass"
-    assert finding["evidence"]["waived"] == "fail"
-    assert "benchmark host" in finding["message"]
+    assert finding["status"] == "fail" and finding["waived"] is True
+    assert finding["waiver"] == "benchmark host, balancing studied on purpose (until 2999-01-01)"
+    assert report["summary"]["fail"] == 0 and report["summary"]["waived"] == 1
+    assert report["checks"] == [{"check": "numa.balancing", "status": "pass",
+                                 "duration_s": report["checks"][0]["duration_s"]}]
+    assert report["policy"]["file"] == policy and len(report["policy"]["sha256"]) == 64
 
 
 def test_expired_waiver_stops_waiving_and_says_so_end_to_end(
@@ -308,3 +312,45 @@ def test_unknown_profile_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["local", "--profile", "fastest"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unknown profile 'fastest'" in err
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ('[checks."pcie.mrrs"]\nmin_read_request_bytes = 3000\n',
+         "pcie.mrrs.min_read_request_bytes must be one of 128, 256, 512, 1024, 2048, 4096, "
+         "got 3000"),
+        ('[checks."cpu.governor"]\ngovernor = "turbo"\n',
+         "cpu.governor.governor must be one of performance, powersave, "),
+        ('[checks."cpu.cstates"]\nmax_exit_latency_us = -1\n', "max_exit_latency_us must be"),
+        ('[checks."kernel.version"]\nminimum = 6.14\n', "kernel.version.minimum must be a string"),
+    ],
+)
+def test_out_of_range_values_from_the_issue_exit_2_through_the_cli(
+    tmp_path: Path, body: str, needle: str
+) -> None:
+    """One line naming the file, the key and the values allowed; no audit runs."""
+    policy = write_policy(tmp_path, body)
+    proc = subprocess.run(
+        [sys.executable, "-m", "auditor", "local", "--policy", policy],
+        capture_output=True, text=True, check=False,
+    )
+    assert proc.returncode == 2 and proc.stdout == ""
+    [line] = proc.stderr.splitlines()
+    assert line.startswith(f"audit: error: {policy}: ") and needle in line, line
+
+
+def test_a_waived_finding_gets_no_fix(
+    h200: Sysroot, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Waived keeps the real status, but the fix leaves the accepted finding alone."""
+    plant_numa_failure(h200)
+    fix = tmp_path / "fix.sh"
+    base = ["local", "--root", str(h200.root), "--check", "numa.balancing", "--fix-script",
+            str(fix)]
+    assert main(base) == 1
+    assert ": 2 step(s)" in capsys.readouterr().err and "numa_balancing" in fix.read_text()
+    policy = write_policy(tmp_path, '[[waivers]]\ncheck = "numa.balancing"\nreason = "study"\n')
+    assert main([*base, "--policy", policy]) == 0
+    assert ": 0 step(s)" in capsys.readouterr().err
+    assert "numa_balancing" not in fix.read_text()

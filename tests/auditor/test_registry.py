@@ -223,3 +223,13 @@ def test_a_plugin_whose_entry_point_name_is_not_its_id_is_refused(plugin: Path) 
     info.write_text("[host_auditor.checks]\nswappiness = swappiness_check:Swappiness\n")
     with pytest.raises(RegistryError, match="must be the check's id"):
         load_checks()
+
+
+def test_select_takes_patterns_of_ids() -> None:
+    checks = load_checks()
+    assert {c.id for c in select(checks, only=["cpu.*"])} == {"cpu.governor", "cpu.cstates"}
+    rest = {c.id for c in select(checks, only=["*"], skip=["cpu.*", "pcie.*"])}
+    assert rest == {c.id for c in checks} - {c.id for c in checks
+                                             if c.id.startswith(("cpu.", "pcie."))}
+    with pytest.raises(UsageError, match=r"unknown check id 'gpu\.\*'"):
+        select(checks, only=["gpu.*"])

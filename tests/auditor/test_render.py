@@ -39,7 +39,8 @@ def sample_report(host: str = "gpu-01") -> Report:
 def test_json_is_the_documented_contract() -> None:
     data = json.loads(render_report(sample_report(), "json"))
     assert set(data) >= {"host", "started", "duration_s", "summary", "findings"}
-    assert data["summary"] == {"pass": 1, "skip": 1, "warn": 1, "fail": 2, "error": 0}
+    assert data["summary"] == {"pass": 1, "skip": 1, "warn": 1, "fail": 2, "error": 0,
+                               "waived": 0}
     finding = data["findings"][1]
     assert set(finding) >= {"check", "status", "severity", "subject", "observed", "expected",
                             "message"}
@@ -63,7 +64,7 @@ def test_junit_is_valid_xml_with_one_testcase_per_check_and_subject() -> None:
     hostile = [c for c in cases if "pwned" in c.get("name", "")]
     assert hostile and "<script>" in hostile[0].get("name", "")
     warning = ET.fromstring(render_report(sample_report(), "junit",
-                                          fail_on=FailOn.WARNING).encode())
+                                          fail_on=FailOn.WARN).encode())
     assert len(warning.findall("./testsuite/testcase/failure")) == 3
 
 

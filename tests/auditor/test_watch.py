@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -33,15 +34,18 @@ UDEVD = next((p for p in ("/lib/systemd/systemd-udevd", "/usr/lib/systemd/system
 AUDIT = str(Path(sys.executable).with_name("audit"))
 
 
+#: The checks of PCI devices and the paths between them: a PCI event re-runs them.
+PCI_CHECKS = {"pcie.mrrs", "pcie.acs", "pcie.aspm", "iommu.mode", "numa.placement",
+              "nvidia.fabricmanager", "rdma.peermem"}
+#: The checks of the NVIDIA driver: a module event or a GPU bound re-runs them.
 DRIVER_CHECKS = {"kernel.version", "nvidia.uvm_hmm", "nvidia.modparams", "nvidia.driver",
                  "nvidia.persistence", "nvidia.fabricmanager", "rdma.peermem", "container.cdi"}
 
 
 def test_pci_events_rerun_mrrs_and_nvidia_events_rerun_driver_checks() -> None:
-    assert affected_checks(DeviceEvent("change", "pci", "0000:00:03.0")) == {
-        "pcie.mrrs", "nvidia.fabricmanager", "rdma.peermem"}
+    assert affected_checks(DeviceEvent("change", "pci", "0000:00:03.0")) == PCI_CHECKS
     gpu_bind = DeviceEvent("bind", "pci", "0000:41:00.0", driver="nvidia", vendor="0x10de")
-    assert affected_checks(gpu_bind) == {"pcie.mrrs", "lxc.device_majors", *DRIVER_CHECKS}
+    assert affected_checks(gpu_bind) == {*PCI_CHECKS, "lxc.device_majors", *DRIVER_CHECKS}
     module = DeviceEvent("add", "module", "nvidia_uvm")
     assert affected_checks(module) == {"lxc.device_majors", *DRIVER_CHECKS}
     node = DeviceEvent("add", "nvidia-caps", "nvidia-cap1", node="/dev/nvidia-caps/nvidia-cap1")
@@ -183,7 +187,83 @@ def test_watch_batches_a_trigger_burst_and_prints_the_change(udevd: None) -> Non
     # one baseline run, then one re-run for the whole burst (or a few if it straggled)
     assert 2 <= CountingMrrs.runs <= 1 + devices
     lines = log.getvalue().splitlines()
-    assert lines[0].endswith("watching pcie.mrrs (1 findings) on udev events")
+    assert "watching pcie.mrrs (1 findings) on udev events (" in lines[0]
     assert any("change pci 0000:" in line and "re-ran pcie.mrrs" in line for line in lines)
     changed = out.getvalue().splitlines()
     assert changed and "pcie.mrrs 0000:" in changed[0] and "observed '1' -> '2'" in changed[0]
+
+
+@pytest.mark.root
+def test_auto_source_hears_the_kernel_when_udevd_stopped_and_left_its_socket() -> None:
+    """A real udevd answers, then is stopped with /run/udev/control left behind: --source
+    auto listens to udev while it answers and to the kernel after, and says which."""
+    if os.geteuid() != 0:
+        pytest.skip("starting udevd and triggering uevents needs root")
+    if UDEVD is None or shutil.which("udevadm") is None or shutil.which("unshare") is None:
+        pytest.skip("systemd-udevd, udevadm or unshare is not installed (apt-get install udev)")
+    if not os.access("/sys/bus/pci/devices", os.W_OK) or not os.listdir("/sys/bus/pci/devices"):
+        pytest.skip("no writable PCI devices in /sys: uevents cannot be triggered here")
+    # A mount namespace with its own /run/udev: the machine's own udevd is left alone.
+    lab = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", sys.executable, "-m",
+         "tests.support.udevlab"],
+        capture_output=True, text=True, timeout=180, check=False,
+        cwd=Path(__file__).resolve().parents[2])
+    assert lab.returncode == 0, lab.stderr[-3000:]
+    result = json.loads(lab.stdout)
+    assert result["answered"], "the lab's udevd never answered a ping"
+    running = result["running"]
+    assert "on udev events (udevd answered udevadm control --ping)" in running["first"]
+    assert running["code"] == 0 and "re-ran pcie.mrrs" in running["err"], running
+    assert result["socket_left"] and not result["answers_after"]
+    stopped = result["stopped"]
+    assert ("on kernel events (udevd did not answer udevadm control --ping)"
+            in stopped["first"]), stopped
+    assert stopped["code"] == 0, stopped
+    assert "change pci 0000:" in stopped["err"] and "re-ran pcie.mrrs" in stopped["err"]
+    assert stopped["err"].splitlines()[-1] == "audit watch: stopped after 1 event"
+
+
+def test_changes_keep_two_aspects_of_one_subject_apart() -> None:
+    mrrs = make_finding(check="pcie.mrrs", subject="0000:41:00.0", status=Status.PASS,
+                        observed="4096")
+    link = make_finding(check="pcie.mrrs", subject="0000:41:00.0", status=Status.PASS,
+                        observed="x16", aspect="link", message="link x16")
+    narrow = make_finding(check="pcie.mrrs", subject="0000:41:00.0", status=Status.WARN,
+                          observed="x8", aspect="link", message="link x8 of x16")
+    assert changes([mrrs, link], [mrrs, narrow]) == [
+        "pcie.mrrs 0000:41:00.0 [link]: pass -> warn, observed 'x16' -> 'x8': link x8 of x16"]
+
+
+def test_without_udevadm_a_socket_left_behind_refuses_the_probe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The probe used where udevadm cannot ask: connect to the control socket."""
+    import socket
+
+    import auditor.watch as watching
+
+    monkeypatch.setattr(watching.shutil, "which", lambda name: None)
+    control = tmp_path / "control"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(str(control))
+    listener.listen(1)
+    try:
+        assert watching.udev_answers(str(control)) == (
+            True, f"udevd accepts connections on {control}")
+    finally:
+        listener.close()  # the file stays, as a stopped udevd leaves it
+    alive, why = watching.udev_answers(str(control))
+    assert not alive and why.startswith(f"no udevd answers on {control} (")
+    assert watching.udev_answers(str(tmp_path / "none"))[0] is False
+
+
+def test_a_udevd_process_is_found_by_its_name(tmp_path: Path) -> None:
+    from auditor.watch import _udevd_running
+
+    for pid, name in (("1", "init"), ("77", "systemd-udevd"), ("self", "x")):
+        (tmp_path / pid).mkdir()
+        (tmp_path / pid / "comm").write_text(name + "\n")
+    assert _udevd_running(str(tmp_path))
+    (tmp_path / "77" / "comm").write_text("sshd\n")
+    assert not _udevd_running(str(tmp_path))

@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 
+from auditor import environment as where
 from auditor.checks.cpu_cstates import CpuCstates
+from auditor.checks.lib import tuned
 from auditor.cli import main
 from auditor.hosts import DirectoryHost
 from auditor.hosts.archive import ArchiveHost
@@ -58,7 +60,8 @@ def test_h200_driver_none_skips_with_the_reason(h200: Sysroot) -> None:
     [finding] = findings(h200)
     assert finding.status is Status.SKIP
     assert "'none'" in finding.message
-    assert "VM without cpuidle" in finding.message
+    assert "VM guest (unknown hypervisor) without cpuidle" in finding.message
+    assert "the hypervisor host's C-states decide" in finding.message
 
 
 def test_virtio_haltpoll_passes_as_a_paravirtual_guest_driver(virtio: Sysroot) -> None:
@@ -108,6 +111,7 @@ def test_intel_c6_enabled_everywhere_fails_once(h200: Sysroot) -> None:
     assert dict(c6.evidence) == {
         "driver": "intel_idle",
         "limit_us": "20",
+        "environment": "VM (unknown hypervisor)",
         "state": "state3",
         "cpus": "0-31",
         "latency_us": "170",
@@ -326,7 +330,10 @@ def test_reads_declares_every_path_and_each_file_is_read_once(h200: Sysroot) -> 
     # the driver, the offline list, the command line and two module parameters.
     assert host.listed == [CPU]
     table_reads = (states + 1) + states + 2 * (states - 1)
-    assert len(host.touched) == cpus * states + 1 + table_reads + 5
+    # Once each: where the audit runs (the environment's files) and tuned's active profile.
+    shared = [p for p in host.touched if p in (*where.READS, *tuned.READS)]
+    assert len(shared) <= len(where.READS) + 1
+    assert len(host.touched) == cpus * states + 1 + table_reads + 5 + len(shared)
 
 
 def format_odd(cpus: int) -> str:
@@ -364,3 +371,138 @@ def test_cli_json(h200: Sysroot, capsys: pytest.CaptureFixture[str]) -> None:
         "state": "state3", "cpus": "0-11", "latency_us": "170", "driver": "intel_idle",
         "limit_us": "20",
     }
+
+
+# -- states by what they are, PM QoS holders, the boot cap per driver ------------------------
+
+from auditor.checks.cpu_cstates import IdleState, force_latency_us, qos_limit  # noqa: E402
+from tests.support.hostgen.platforms import (  # noqa: E402
+    EPYC_STATES,
+    EpycSpec,
+    GraceSpec,
+    build_epyc,
+    build_grace,
+)
+
+
+def tree(build: Any, spec: Any, tmp_path: Path) -> Sysroot:
+    return Sysroot(build(spec).write_dir(tmp_path / "tree"))
+
+
+def test_epyc_c2_is_cc6_whatever_latency_the_bios_declares(tmp_path: Path) -> None:
+    root = tree(build_epyc, EpycSpec(), tmp_path)
+    for latency in ("18", "30", "400", "800"):
+        for cpu in range(32):
+            root.write(f"{CPU}/cpu{cpu}/cpuidle/state2/latency", f"{latency}\n")
+        [c2] = fails(findings(root, max_exit_latency_us=1000)).values()
+        assert "CC6" in c2.message and dict(c2.evidence)["identity"].startswith("CC6")
+    # By declared latency alone (the option off), 800 us still fails the default limit.
+    assert fails(findings(root, judge_identity=False))
+    root.write(f"{CPU}/cpu0/cpuidle/state2/desc", "ACPI FFH MWAIT 0x20\n")
+    for cpu in range(32):
+        root.write(f"{CPU}/cpu{cpu}/cpuidle/state2/latency", "18\n")
+    # Not entered through the I/O port: not the CC6 entry; judged by its latency.
+    assert not fails(findings(root))
+
+
+def test_intel_state_named_c2_is_not_amds_cc6(h200: Sysroot) -> None:
+    plant_states(h200, range(4), [("POLL", 0), ("C1", 1), ("C2", 10)], driver="acpi_idle")
+    for cpu in range(4):
+        h200.write(f"{CPU}/cpu{cpu}/cpuidle/state2/desc", "ACPI IOPORT 0x414\n")
+    # The capture is an Intel guest: the identity rule is AMD Zen's.
+    assert [f.status for f in findings(h200)] == [Status.PASS]
+
+
+def test_tuned_force_latency_blocks_the_state_and_is_named(tmp_path: Path) -> None:
+    root = tree(build_epyc, EpycSpec(tuned_latency=True), tmp_path)
+    [finding] = findings(root)
+    assert finding.status is Status.PASS
+    assert "C2 (18 us) is enabled but never entered" in finding.message
+    assert "tuned's active profile latency-performance" in finding.message
+    assert dict(finding.evidence)["qos_us"] == "1"
+    # A limit above the state's latency blocks nothing.
+    root.write("/usr/lib/tuned/latency-performance/tuned.conf", "[cpu]\nforce_latency=100\n")
+    assert [f.status for f in findings(root)] == [Status.FAIL]
+    # tuned installed but neither enabled nor running holds nothing.
+    root.write("/usr/lib/tuned/latency-performance/tuned.conf", "[cpu]\nforce_latency=1\n")
+    root.remove("/etc/systemd/system/multi-user.target.wants/tuned.service")
+    assert [f.status for f in findings(root)] == [Status.FAIL]
+
+
+@pytest.mark.parametrize(("value", "us"), [
+    ("1", 1), ("cstate.id:1|3", 1), ("cstate.id_no_zero:0|3", 3), ("cstate.id:0", 0),
+    ("cstate.name:C2|5", 18), ("cstate.name:C9|5", 5), ("cstate.id:9", None), ("n/a", None),
+    ("", None), ("99999999999", None),
+])
+def test_force_latency(value: str, us: int | None) -> None:
+    states = [IdleState(i, name, str(latency)) for i, (name, _, latency, _) in
+              enumerate(EPYC_STATES)]
+    assert force_latency_us(value, states) == us
+
+
+class LiveQos(DirectoryHost):
+    """A sysroot standing in for this machine, whose /dev/cpu_dma_latency reads a value."""
+
+    kind = "local"  # type: ignore[assignment]
+
+    def __init__(self, root: str, value: int) -> None:
+        super().__init__(root)
+        self.value = value
+
+    def lstat(self, path: str) -> Any:
+        from auditor.hosts.base import Entry
+
+        if path == "/dev/cpu_dma_latency":
+            return Entry("chr", major=10, minor=62)
+        return super().lstat(path)
+
+    def _read_resolved(self, path: str, limit: int) -> bytes:
+        if path == "/dev/cpu_dma_latency":
+            return self.value.to_bytes(4, "little", signed=True)[:limit]
+        return super()._read_resolved(path, limit)
+
+
+def test_cpu_dma_latency_read_on_the_live_host(tmp_path: Path) -> None:
+    root = tree(build_epyc, EpycSpec(), tmp_path)
+    states = [IdleState(2, "C2", "18")]
+    held = qos_limit(LiveQos(str(root.root), 5), states)
+    assert held is not None and held.us == 5
+    assert "fuser -v /dev/cpu_dma_latency" in held.holder
+    assert qos_limit(LiveQos(str(root.root), 2_000_000_000), states) is None
+    # A sysroot's /dev is never read: it may hold anything.
+    assert qos_limit(DirectoryHost(str(root.root)), states) is None
+
+
+def test_boot_cap_matches_the_idle_driver(h200: Sysroot, tmp_path: Path) -> None:
+    from tests.support.fixkit import plan_for
+
+    def caps(root: Sysroot) -> tuple[list[str], list[str]]:
+        plan = plan_for(root)
+        params = [p for s in plan.sections for p in s.remedy.boot_params]
+        units = [a.step.content for s in plan.sections  # type: ignore[union-attr]
+                 for a in s.actions if a.step.kind == "write_file"]
+        return params, units
+
+    plant_states(h200, range(4), INTEL)
+    assert caps(h200) == (["intel_idle.max_cstate=2"], [])
+    epyc = tree(build_epyc, EpycSpec(), tmp_path / "epyc")
+    assert caps(epyc) == (["processor.max_cstate=1"], [])
+    grace = tree(build_grace, GraceSpec(), tmp_path / "grace")
+    params, [unit] = caps(grace)
+    assert params == []  # processor.max_cstate does nothing on the LPI path
+    assert "cpu[0-9]*/cpuidle/state1/disable; do echo 1 > \"$$f\"" in unit
+    assert "state0" not in unit
+
+
+def test_container_plan_writes_nothing_to_the_hosts_sysfs(tmp_path: Path) -> None:
+    from tests.support.fixkit import plan_for
+    from tests.support.hostgen.guests import ContainerAuditSpec, build_container_audit
+
+    root = tree(build_container_audit, ContainerAuditSpec(host_cc6=True, host_powersave=True,
+                                                          host_numa=True), tmp_path)
+    plan = plan_for(root)
+    assert not plan.actions
+    assert not [p for s in plan.sections for p in s.remedy.boot_params]
+    checks = {s.remedy.check for s in plan.sections if s.remedy.advice}
+    assert {"cpu.cstates", "cpu.governor", "numa.balancing"} <= checks
+    assert all(a.text.startswith("on the host") for s in plan.sections for a in s.remedy.advice)

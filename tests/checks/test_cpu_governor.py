@@ -514,3 +514,33 @@ def test_cpufreq_in_each_cpu_directory_without_policies_is_judged(h200: Sysroot)
     assert by_status[Status.FAIL].subject == "0-1"
     assert dict(by_status[Status.FAIL].evidence)["policies"] == "cpu0 cpu1"
     assert by_status[Status.PASS].subject == "2-3"
+
+
+# -- where the audit runs --------------------------------------------------------------------
+
+
+def test_vm_guest_without_cpufreq_points_at_the_hypervisor_host(tmp_path: Path) -> None:
+    from tests.support.hostgen.guests import KvmGuestSpec, build_kvm_guest
+
+    root = build_kvm_guest(KvmGuestSpec()).write_dir(tmp_path / "kvm")
+    [finding] = CpuGovernor().evaluate(DirectoryHost(str(root)))
+    assert finding.status is Status.SKIP
+    assert "a VM guest (kvm) does not control the CPU frequency" in finding.message
+    assert "hypervisor host's governor" in finding.message
+
+
+def test_container_judges_the_hosts_cpufreq_and_fixes_nothing_there(tmp_path: Path) -> None:
+    from tests.support.fixkit import plan_for
+    from tests.support.hostgen.guests import ContainerAuditSpec, build_container_audit
+
+    root = build_container_audit(ContainerAuditSpec(host_powersave=True)).write_dir(
+        tmp_path / "ct")
+    [finding] = CpuGovernor().evaluate(DirectoryHost(str(root)))
+    assert finding.status is Status.FAIL
+    assert "this is the host's cpufreq" in finding.message
+    assert finding.fix.startswith("on the host: cpupower")
+    assert dict(finding.evidence)["environment"] == "unprivileged container (lxc)"
+    plan = plan_for(Sysroot(root))
+    sections = [s for s in plan.sections if s.remedy.check == "cpu.governor"]
+    assert sections and not [a for s in sections for a in s.actions]
+    assert not [p for s in plan.sections for p in s.remedy.boot_params]

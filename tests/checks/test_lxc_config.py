@@ -173,3 +173,72 @@ def test_parse_mount_entry_rejects_short_lines() -> None:
 )
 def test_parse_dev_entry(value: str, path: str | None) -> None:
     assert parse_dev_entry(value) == path
+
+
+# -- what LXC reads --------------------------------------------------------------------------
+
+
+def test_config_entries_keep_only_lxc_keys_and_unquote() -> None:
+    from auditor.checks.lib.lxc_config import config_entries
+
+    entries = config_entries("# c\nlxc.uts.name = a\nmartian = 1\n"
+                             "lxc.environment = \"NVIDIA_VISIBLE_DEVICES=all\"\n", "/x/config")
+    assert [(e.key, e.value, e.origin) for e in entries] == [
+        ("lxc.uts.name", "a", "/x/config:2"),
+        ("lxc.environment", "NVIDIA_VISIBLE_DEVICES=all", "/x/config:4"),
+    ]
+
+
+@pytest.mark.parametrize(("path", "readable"), [
+    ("/usr/share/lxc/config/common.conf", True),
+    ("/usr/share/lxc/config/common.conf.d/01-pve.conf", True),
+    ("/etc/lxc/gpu.conf", True),
+    ("/etc/lxc/profiles/gpu.conf", True),
+    ("/var/lib/lxc/gpu1/gpu.conf", True),
+    ("/etc/lxc/a/b/c.conf", False),
+    ("/root/gpu.conf", False),
+    ("/etc/shadow", False),
+])
+def test_readable_include(path: str, readable: bool) -> None:
+    from auditor.checks.lib.lxc_config import readable_include
+
+    assert readable_include(path) is readable
+
+
+def test_environment_and_hooks_clear_on_an_empty_value() -> None:
+    from auditor.checks.lib.lxc_config import Entry, environment_of, mount_hooks
+
+    entries = [Entry("lxc.environment", "NVIDIA_VISIBLE_DEVICES=all"),
+               Entry("lxc.hook.mount", "/usr/share/lxc/hooks/nvidia"),
+               Entry("lxc.environment.hooks", "CUDA_VERSION=12.4"),
+               Entry("lxc.environment", ""),
+               Entry("lxc.environment", "NVIDIA_DRIVER_CAPABILITIES=compute"),
+               Entry("lxc.environment", "PATH")]
+    assert environment_of(entries) == {"NVIDIA_DRIVER_CAPABILITIES": "compute"}
+    assert [e.value for e in mount_hooks(entries)] == ["/usr/share/lxc/hooks/nvidia"]
+    assert mount_hooks([*entries, Entry("lxc.hook.mount", "")]) == []
+
+
+def test_devices_list() -> None:
+    from auditor.checks.lib.lxc_config import parse_devices_list
+
+    assert parse_devices_list("a *:* rwm\n") == [DeviceRule("a", None, None, RWM)]
+    assert parse_devices_list("c 1:3 rwm\ngarbage\nc 195:* rw\n") == [
+        DeviceRule("c", 1, 3, RWM), DeviceRule("c", 195, None, frozenset("rw"))]
+
+
+def test_proxmox_start_order() -> None:
+    from auditor.checks.lib.lxc_config import proxmox_entries
+
+    section = parse_main_section("ostype: debian\nunprivileged: 1\ndev0: /dev/kfd\n"
+                                 "lxc.cgroup2.devices.deny: a\n"
+                                 "lxc.environment.runtime: A=1\n", "proxmox")
+    entries, unprivileged = proxmox_entries(section, "/etc/pve/lxc/9.conf",
+                                            [("dev0", "c 234:0 rw", "")])
+    assert unprivileged
+    assert [(e.key, e.value) for e in entries] == [
+        ("lxc.include", "/usr/share/lxc/config/debian.common.conf"),
+        ("lxc.include", "/usr/share/lxc/config/debian.userns.conf"),
+        ("lxc.cgroup2.devices.allow", "c 234:0 rw"),
+        ("lxc.cgroup2.devices.deny", "a"),
+    ]

@@ -22,6 +22,7 @@ from auditor.checks.lxc_device_majors import (
     LxcDeviceMajors,
     Rule,
     allows,
+    bpf_allows,
     cgroup_mode,
     node_driver,
     parse_proc_devices,
@@ -576,3 +577,317 @@ def test_parse_proc_devices_reads_only_the_character_section() -> None:
 )
 def test_node_driver(path: str, expected: tuple[str, int | None] | None) -> None:
     assert node_driver(path) == expected
+
+
+# -- LXC's cgroup2 device program (cgroup2_devices.c) ----------------------------------------
+
+
+def switch_rules(*lines: str) -> list[Rule]:
+    parsed = []
+    for number, line in enumerate(lines, start=1):
+        kind, _, value = line.partition(" ")
+        rule = parse_device_rule(value)
+        assert rule is not None
+        parsed.append(Rule(kind == "allow", rule, ConfigLine(number, line)))
+    return parsed
+
+
+@pytest.mark.parametrize(
+    ("lines", "expected"),
+    [
+        ((), True),  # no rule: LXC attaches no program at all
+        (("deny a",), True),  # the switch empties the list: still no program
+        (("allow c 238:* rwm", "deny a"), True),
+        (("deny a", "allow c 1:3 rwm"), False),
+        (("deny a", "allow c 238:* rwm"), True),
+        (("deny a", "allow c 238:0 rw"), True),
+        (("deny a", "allow c 238:1 rw"), False),
+        (("deny a", "allow c 238:* r"), False),  # rw is not within r
+        (("deny a", "allow c 238:* rwm", "deny c 238:* rwm"), False),  # the same rule flips
+        (("deny a", "allow c 238:* rwm", "deny c 238:0 rwm"), True),  # denies are skipped
+        (("deny a", "allow a *:* rwm"), True),  # an ordinary rule matching every device
+        (("allow a",), True),
+        (("allow a", "deny c 238:* w"), True),  # rw is not within w: the deny never matches
+        (("allow a", "deny c 238:* rw"), False),
+        (("allow a", "deny c 238:* rw", "allow c 238:* rw"), True),
+        (("deny a", "allow c 238:* rwm", "allow a"), True),
+    ],
+)
+def test_lxc_cgroup2_program(lines: tuple[str, ...], expected: bool) -> None:
+    assert bpf_allows(switch_rules(*lines), 238, 0) is expected
+
+
+def test_empty_value_clears_the_rules_written_before(h200: Sysroot) -> None:
+    h200.write("/etc/pve/lxc/101.conf", pve_config(UVM_NOW) + "lxc.cgroup2.devices.allow:\n"
+               "lxc.cgroup2.devices.allow: c 1:3 rwm\n")
+    assert {f.status for f in evaluate(h200)} == {Status.FAIL}
+    h200.write("/etc/pve/lxc/101.conf", pve_config(STALE) + "lxc.cgroup2:\n"
+               f"lxc.cgroup2.devices.allow: c {UVM_NOW}:* rwm\n")
+    # Everything cleared, then one allow rule: an allow-list of nvidia-uvm alone.
+    findings = evaluate(h200)
+    assert {f.status for f in findings} == {Status.FAIL}
+    assert [dict(f.evidence)["device"] for f in findings] == ["/dev/nvidia0", "/dev/nvidiactl"]
+
+
+def test_allow_rule_by_path_is_resolved_at_start(h200: Sysroot) -> None:
+    h200.write("/etc/pve/lxc/101.conf", PVE_HEAD + "lxc.cgroup2.devices.allow: c 195:* rwm\n"
+               "lxc.cgroup2.devices.allow: /dev/nvidia-uvm rwm\n"
+               "lxc.cgroup2.devices.allow: /dev/nvidia-uvm-tools rwm\n" + GPU_MOUNTS)
+    if not h200.path("/dev/nvidia-uvm").is_char_device():
+        pytest.skip("the capture's device nodes are made only as root")
+    [finding] = evaluate(h200)
+    assert finding.status is Status.PASS
+
+
+# -- lxc.include ----------------------------------------------------------------------------
+
+
+def test_included_profile_is_followed_and_its_stale_line_rewritten(
+    h200: Sysroot, tmp_path: Path
+) -> None:
+    from tests.support.fixkit import fix_cycle
+
+    h200.write("/etc/lxc/gpu.conf", "# shared\nlxc.cgroup2.devices.allow = c 195:* rwm\n"
+               f"lxc.cgroup2.devices.allow = 'c {STALE}:* rwm'\n")
+    h200.write("/etc/pve/lxc/101.conf", PVE_HEAD + "lxc.include: /etc/lxc/gpu.conf\n"
+               + GPU_MOUNTS)
+    findings = evaluate(h200)
+    assert [f.status for f in findings] == [Status.FAIL, Status.FAIL]
+    ev = dict(findings[0].evidence)
+    assert (ev["rule_path"], ev["rule_line"], ev["allowed_major"]) == (
+        "/etc/lxc/gpu.conf", "3", STALE)
+    assert "which the config includes" in findings[0].message
+    plan, _, _, copy, _ = fix_cycle(h200, tmp_path)
+    assert (copy / "etc/lxc/gpu.conf").read_text() == (
+        "# shared\nlxc.cgroup2.devices.allow = c 195:* rwm\n"
+        f"lxc.cgroup2.devices.allow = 'c {UVM_NOW}:* rwm'\n")
+    sections = [s for s in plan.sections if s.remedy.check == "lxc.device_majors"]
+    assert [len(s.actions) for s in sections] == [1, 0]  # uvm-tools shares uvm's line
+    assert any("every container that includes it" in n for n in sections[0].remedy.notes)
+    assert (copy / "etc/pve/lxc/101.conf").read_text() == h200.read("/etc/pve/lxc/101.conf")
+
+
+def test_included_directory_reads_its_conf_files_in_order(h200: Sysroot) -> None:
+    h200.write("/etc/lxc/gpu.d/10-rules.conf", "lxc.cgroup2.devices.allow = c 195:* rwm\n"
+               f"lxc.cgroup2.devices.allow = c {UVM_NOW}:* rwm\n")
+    h200.write("/etc/lxc/gpu.d/20-mounts.conf", GPU_MOUNTS.replace(": ", " = "))
+    h200.write("/etc/lxc/gpu.d/notes.txt", "lxc.cgroup2.devices.deny = a\n")  # not *.conf
+    h200.write("/etc/pve/lxc/101.conf", PVE_HEAD + "lxc.include: /etc/lxc/gpu.d/\n")
+    [finding] = evaluate(h200)
+    assert finding.status is Status.PASS
+    assert "4 bind-mounted GPU nodes" in finding.message
+    assert dict(finding.evidence)["includes"] == (
+        "/etc/lxc/gpu.d/10-rules.conf /etc/lxc/gpu.d/20-mounts.conf")
+
+
+def test_include_loop_and_depth_are_bounded(h200: Sysroot) -> None:
+    h200.write("/etc/lxc/a.conf", "lxc.include = /etc/lxc/b.conf\n")
+    h200.write("/etc/lxc/b.conf", "lxc.include = /etc/lxc/a.conf\n"
+               "lxc.cgroup2.devices.allow = c 195:* rwm\n")
+    h200.write("/etc/pve/lxc/101.conf", PVE_HEAD + "lxc.include: /etc/lxc/a.conf\n"
+               + GPU_MOUNTS)
+    [finding] = evaluate(h200)
+    # nvidia-uvm is not allowed, and a loop leaves what LXC would do unknown: no verdict.
+    assert finding.status is Status.SKIP
+    assert "loop" in finding.message
+
+
+def test_include_outside_the_read_paths_leaves_the_verdict_open(h200: Sysroot) -> None:
+    h200.write("/root/gpu.conf", f"lxc.cgroup2.devices.allow = c {UVM_NOW}:* rwm\n")
+    h200.write("/etc/pve/lxc/101.conf", PVE_HEAD + "lxc.cgroup2.devices.allow: c 195:* rwm\n"
+               "lxc.include: /root/gpu.conf\n" + GPU_MOUNTS)
+    [finding] = evaluate(h200)
+    assert finding.status is Status.SKIP
+    assert "/root/gpu.conf is not among the paths this audit reads" in finding.message
+
+
+def test_missing_included_file_means_the_container_does_not_start(h200: Sysroot) -> None:
+    h200.write("/etc/pve/lxc/101.conf", pve_config(UVM_NOW) + "lxc.include: /etc/lxc/gone.conf\n")
+    [finding] = evaluate(h200)
+    assert finding.status is Status.WARN
+    assert "does not start" in finding.message
+    # A missing directory is skipped, as do_includedir does.
+    h200.write("/etc/pve/lxc/101.conf", pve_config(UVM_NOW) + "lxc.include: /etc/lxc/gone.d/\n")
+    assert [f.status for f in evaluate(h200)] == [Status.PASS]
+
+
+def test_lxc_shipped_files_are_assumed_where_the_tree_lacks_them(h200: Sysroot) -> None:
+    # Unprivileged on Proxmox: userns.conf.d/01-pve.conf makes the list a deny-list, so a
+    # stale allow line restricts nothing.
+    h200.write("/etc/pve/.version", "{}\n")
+    h200.write("/etc/pve/lxc/101.conf", pve_config(STALE).replace("unprivileged: 0",
+                                                                  "unprivileged: 1"))
+    [finding] = evaluate(h200)
+    assert finding.status is Status.PASS
+    assert "deny-list" in finding.message
+    assert "/usr/share/lxc/config/userns.conf" in dict(finding.evidence)["assumed"]
+
+
+# -- the nvidia hook -------------------------------------------------------------------------
+
+HOOK = ("lxc.hook.mount: /usr/share/lxc/hooks/nvidia\n"
+        "lxc.environment: NVIDIA_VISIBLE_DEVICES={visible}\n")
+ALLOW_LIST = "lxc.cgroup2.devices.deny: a\nlxc.cgroup2.devices.allow: c 195:* rwm\n"
+
+
+def hook_config(visible: str, rules: str, unprivileged: bool = True) -> str:
+    head = PVE_HEAD.replace("unprivileged: 0", f"unprivileged: {int(unprivileged)}")
+    return head + HOOK.format(visible=visible) + rules
+
+
+def test_hook_nodes_need_their_live_majors_allowed(h200: Sysroot) -> None:
+    h200.write("/etc/pve/lxc/101.conf",
+               hook_config("all", ALLOW_LIST + f"lxc.cgroup2.devices.allow: c {STALE}:* rwm\n"))
+    findings = evaluate(h200)
+    assert [dict(f.evidence)["device"] for f in findings] == ["/dev/nvidia-uvm",
+                                                              "/dev/nvidia-uvm-tools"]
+    assert {dict(f.evidence)["via"] for f in findings} == {"hook"}
+    assert {dict(f.evidence)["allowed_major"] for f in findings} == {STALE}
+    h200.write("/etc/pve/lxc/101.conf",
+               hook_config("0", ALLOW_LIST + f"lxc.cgroup2.devices.allow: c {UVM_NOW}:* rwm\n"))
+    [finding] = evaluate(h200)
+    assert finding.status is Status.PASS
+    assert "GPU nodes bound by the nvidia hook" in finding.message
+
+
+@pytest.mark.parametrize("visible", ["void", ""])
+def test_hook_that_binds_nothing_gives_no_gpu(h200: Sysroot, visible: str) -> None:
+    h200.write("/etc/pve/lxc/101.conf", hook_config(visible, ALLOW_LIST))
+    [finding] = evaluate(h200)
+    assert (finding.status, finding.message) == (
+        Status.PASS, "no GPU device nodes are mounted or passed through")
+
+
+def test_hook_in_a_privileged_container_stops_its_start(h200: Sysroot) -> None:
+    h200.write("/etc/pve/lxc/101.conf",
+               hook_config("all", ALLOW_LIST + f"lxc.cgroup2.devices.allow: c {UVM_NOW}:* rwm\n",
+                           unprivileged=False))
+    [finding] = evaluate(h200)
+    assert finding.status is Status.FAIL
+    assert "only works in unprivileged mode" in finding.message
+    assert "does not start" in finding.message
+
+
+def test_hook_with_mig_devices_needs_the_caps_major(h200: Sysroot) -> None:
+    h200.write("/etc/pve/lxc/101.conf", hook_config(
+        "all", ALLOW_LIST + f"lxc.cgroup2.devices.allow: c {UVM_NOW}:* rwm\n"
+        "lxc.environment: NVIDIA_MIG_MONITOR_DEVICES=all\n"))
+    devices = {dict(f.evidence)["device"] for f in evaluate(h200) if f.status is Status.FAIL}
+    assert devices and all(d.startswith("/dev/nvidia-caps/") for d in devices)
+
+
+# -- running containers ------------------------------------------------------------------------
+
+
+def test_proxmox_container_running_with_its_last_starts_rules(h200: Sysroot) -> None:
+    from tests.support.fixkit import plan_for, report_of
+
+    h200.write("/etc/pve/lxc/101.conf", pve_config(UVM_NOW))
+    h200.write("/var/lib/lxc/101/config", plain_config(STALE).replace("lxc.cgroup.",
+                                                                      "lxc.cgroup2."))
+    assert [f.status for f in evaluate(h200)] == [Status.PASS]  # not running: next start
+    h200.write("/sys/fs/cgroup/lxc/101/cgroup.type", "domain\n")
+    findings = evaluate(h200)
+    assert [f.status for f in findings] == [Status.FAIL, Status.FAIL]
+    assert all("stays broken until restarted (pct reboot 101)" in f.message for f in findings)
+    assert {dict(f.evidence)["view"] for f in findings} == {"running"}
+    plan = plan_for(h200, report_of(findings))
+    [section, _] = [s for s in plan.sections if s.remedy.check == "lxc.device_majors"]
+    assert not section.actions
+    assert section.remedy.advice[0].argv == ("pct", "reboot", "101")
+
+
+def test_plain_container_on_cgroup_v1_is_judged_by_its_devices_list(h200: Sysroot) -> None:
+    h200.write("/proc/1/cgroup", HYBRID_CGROUP)
+    h200.write("/var/lib/lxc/gpu1/config", plain_config(UVM_NOW))
+    h200.write("/sys/fs/cgroup/devices/lxc.payload.gpu1/devices.list",
+               f"c 1:3 rwm\nc 195:* rwm\nc {STALE}:* rwm\n")
+    findings = evaluate(h200)
+    assert [f.status for f in findings] == [Status.FAIL, Status.FAIL]
+    assert all("lxc-stop -n gpu1 -r" in f.message for f in findings)
+    h200.write("/sys/fs/cgroup/devices/lxc.payload.gpu1/devices.list", "a *:* rwm\n")
+    [finding] = evaluate(h200)
+    assert finding.status is Status.PASS
+    assert "it runs with the same access" in finding.message
+
+
+@pytest.mark.parametrize(("instances", "logs", "restart"), [
+    ("/var/lib/incus/containers", "/var/log/incus", "incus restart llm"),
+    ("/var/snap/lxd/common/lxd/containers", "/var/snap/lxd/common/lxd/logs", "lxc restart llm"),
+])
+def test_incus_and_lxd_instances(h200: Sysroot, instances: str, logs: str,
+                                 restart: str) -> None:
+    h200.path(f"{instances}/llm").mkdir(parents=True)
+    [finding] = evaluate(h200)
+    assert finding.status is Status.PASS
+    assert "not running" in finding.message
+    h200.write("/sys/fs/cgroup/lxc.payload.llm/cgroup.type", "domain\n")
+    [finding] = evaluate(h200)
+    assert finding.status is Status.SKIP
+    assert "not readable" in finding.message
+    generated = ("lxc.cgroup2.devices.deny = a\nlxc.cgroup2.devices.allow = c 195:* rwm\n"
+                 "lxc.cgroup2.devices.allow = c {major}:* rwm\n"
+                 "lxc.mount.entry = /var/lib/x/devices/llm/unix.dev-nvidia--uvm dev/nvidia-uvm "
+                 "none bind,create=file 0 0\n")
+    h200.write(f"{logs}/llm/lxc.conf", generated.format(major=STALE))
+    [finding] = evaluate(h200)
+    assert finding.status is Status.FAIL
+    assert restart in finding.message
+    h200.write(f"{logs}/llm/lxc.conf", generated.format(major=UVM_NOW))
+    [finding] = evaluate(h200)
+    assert finding.status is Status.PASS
+    assert f"{logs}/llm/lxc.conf" in finding.message
+
+
+# -- AMD ---------------------------------------------------------------------------------------
+
+
+def test_amd_kfd_is_judged_and_named_in_the_fix(h200: Sysroot, tmp_path: Path) -> None:
+    from tests.support.fixkit import fix_cycle
+
+    h200.write("/proc/devices", h200.read("/proc/devices").replace(
+        "Character devices:\n", "Character devices:\n234 kfd\n"))
+    h200.write("/etc/pve/lxc/101.conf", PVE_HEAD + "lxc.cgroup2.devices.allow: c 226:* rwm\n"
+               "lxc.cgroup2.devices.allow: c 235:* rwm\n"
+               "lxc.mount.entry: /dev/kfd dev/kfd none bind,optional,create=file\n")
+    [finding] = evaluate(h200)
+    assert finding.status is Status.FAIL
+    assert dict(finding.evidence)["driver_name"] == "kfd"
+    assert (dict(finding.evidence)["allowed_major"], dict(finding.evidence)["current_major"]) == (
+        "235", "234")
+    plan, _, _, copy, _ = fix_cycle(h200, tmp_path)
+    [section] = [s for s in plan.sections if s.remedy.check == "lxc.device_majors"]
+    assert section.remedy.title == "allow /dev/kfd by its current major 234 (was 235)"
+    assert "lxc.cgroup2.devices.allow: c 234:* rwm" in (copy / "etc/pve/lxc/101.conf").read_text()
+
+
+def test_only_dynamic_majors_are_taken_for_stale_ones(h200: Sysroot) -> None:
+    h200.write("/etc/pve/lxc/101.conf", PVE_HEAD + "lxc.cgroup2.devices.allow: c 195:* rwm\n"
+               "lxc.cgroup2.devices.allow: c 136:* rwm\nlxc.cgroup2.devices.allow: c 10:200 rwm\n"
+               + GPU_MOUNTS)
+    for finding in evaluate(h200):
+        assert dict(finding.evidence)["rule"] == ""
+
+
+def test_huge_included_file_is_not_read(h200: Sysroot) -> None:
+    h200.write("/etc/lxc/big.conf", "lxc.cgroup2.devices.allow = c 195:* rwm\n" * 20_000)
+    h200.write("/etc/pve/lxc/101.conf", PVE_HEAD + "lxc.include: /etc/lxc/big.conf\n"
+               + GPU_MOUNTS)
+    [finding] = evaluate(h200)
+    assert finding.status is Status.SKIP
+    assert "larger than 256 KiB" in finding.message
+
+
+def test_missing_include_and_privileged_hook_get_advice(h200: Sysroot) -> None:
+    from tests.support.fixkit import plan_for
+
+    h200.write("/etc/pve/lxc/101.conf", pve_config(UVM_NOW) + "lxc.include: /etc/lxc/gone.conf\n")
+    h200.write("/etc/pve/lxc/102.conf", hook_config(
+        "all", ALLOW_LIST + f"lxc.cgroup2.devices.allow: c {UVM_NOW}:* rwm\n",
+        unprivileged=False))
+    plan = plan_for(h200)
+    titles = sorted(s.remedy.title for s in plan.sections
+                    if s.remedy.check == "lxc.device_majors")
+    assert titles == ["lxc.include /etc/lxc/gone.conf does not exist",
+                      "the nvidia hook needs an unprivileged container"]
+    assert not plan.actions

@@ -63,12 +63,14 @@ def test_off_now_but_not_at_boot_gets_only_the_drop_in(h200: Sysroot, tmp_path: 
 
 
 @needs_root
-def test_sysctl_conf_is_applied_last_so_its_line_is_changed(h200: Sysroot, tmp_path: Path) -> None:
+def test_sysctl_conf_the_boot_does_not_read_is_changed_too(h200: Sysroot, tmp_path: Path) -> None:
     plant(h200)
     original = h200.read("/etc/sysctl.conf")
     h200.write("/etc/sysctl.conf", original + "kernel.numa_balancing=1\n")
     h200.write("/etc/sysctl.d/zz-late.conf", "kernel.numa_balancing = 0\n")
-    _, fix, rollback, copy, before = fix_cycle(h200, tmp_path)
+    plan, fix, rollback, copy, before = fix_cycle(h200, tmp_path)
+    [section] = [s for s in plan.sections if s.remedy.check == "numa.balancing"]
+    assert any("not read at boot" in note for note in section.remedy.notes)
     assert (copy / "etc/sysctl.conf").read_text() == original + "kernel.numa_balancing=0\n"
     assert not (copy / "etc/sysctl.d/99-zz-host-auditor-numa.conf").exists()
     assert statuses(audit_root(copy), "numa.balancing") == {Status.PASS}

@@ -22,6 +22,7 @@ from auditor.cli import main
 from auditor.errors import PolicyError
 from auditor.hosts import DirectoryHost
 from auditor.model import Finding, Status
+from auditor.remediations.steps import FixContext
 from tests.support.recording import RecordingHost, undeclared
 from tests.support.sysroot import Sysroot
 
@@ -155,8 +156,8 @@ def test_virtio_capture_without_pcie_endpoints_is_one_skip(virtio: Sysroot) -> N
     [finding] = run(virtio)
     assert finding.status is Status.SKIP
     assert "no GPU or network PCIe endpoints" in finding.message
-    # The virtio NIC is a network controller, but conventional PCI: counted, not judged.
-    assert "1 without a PCI Express capability" in finding.message
+    # The virtio NIC is a network controller the hypervisor emulates: counted, not judged.
+    assert "1 emulated by the hypervisor" in finding.message
 
 
 # -- MaxReadReq planted with real setpci ---------------------------------------------------
@@ -383,6 +384,8 @@ def test_link_trained_below_max_width_warns_beside_the_mrrs_pass(h200: Sysroot) 
     assert [f.status for f in findings] == [Status.PASS, Status.WARN]
     warn = findings[1]
     assert dict(warn.evidence)["problem"] == "link"
+    # one subject, two judgements: the aspect keeps their keys apart
+    assert [f.key for f in findings] == [("pcie.mrrs", GPU, ""), ("pcie.mrrs", GPU, "link")]
     assert "x8 of x16" in warn.message
     assert warn.fix == ""  # nothing a script can do about lanes
     assert_agrees_with_lspci(warn, lspci(h200, GPU)[GPU])
@@ -590,3 +593,99 @@ def test_every_path_read_is_declared_in_reads(h200: Sysroot) -> None:
     list(PcieMrrs().evaluate(host))
     assert len(host.asked) > 12 * 5
     assert undeclared(host.asked, PcieMrrs.reads) == []
+
+
+# -- functions whose MaxReadReq governs no traffic, and the path to the root port -------------
+
+
+def test_a_switch_uplink_trained_at_x8_is_reported_on_every_gpu_below_it(tmp_path: Path) -> None:
+    from tests.support.hostgen.classes import pcie_box
+    from tests.support.pciutils import lspci as decode
+
+    root = pcie_box().write_dir(tmp_path / "box")
+    findings = list(PcieMrrs().evaluate(DirectoryHost(str(root))))
+    path = [f for f in findings if dict(f.evidence).get("problem") == "path"]
+    assert sorted(f.subject for f in path) == ["0000:63:00.0", "0000:64:00.0"]
+    for finding in path:
+        assert finding.status is Status.WARN
+        assert "switch upstream port 0000:61:00.0 to 0000:60:01.1 trained to x8 of x16" in \
+            finding.message
+        evidence = dict(finding.evidence)
+        assert (evidence["bridge"], evidence["bridge_link"]) == ("0000:61:00.0", "32GT/s x8")
+    assert "Width x8" in decode(root, "0000:61:00.0")["0000:61:00.0"].text
+    # Their own links read x16, and MaxReadReq passes.
+    own = [f for f in findings if f.subject == "0000:63:00.0" and f not in path]
+    assert [f.status for f in own] == [Status.PASS]
+    # The BMC's display is VGA class but not a GPU: its MaxReadReq 512 is not judged.
+    assert "0000:01:00.0" not in {f.subject for f in findings}
+    [remedy] = PcieMrrs().remediate(DirectoryHost(str(root)), path, FixContext(sysroot=True))
+    assert not remedy.runtime and "0000:61:00.0 (above 0000:63:00.0)" in remedy.advice[0].text
+
+
+@needs_pciutils
+def test_a_gen4_switch_below_a_gen5_root_port_is_not_degraded(tmp_path: Path) -> None:
+    from tests.support.hostgen.classes import PcieBoxSpec, pcie_box
+
+    root = pcie_box(PcieBoxSpec(degraded_uplink=False)).write_dir(tmp_path / "box")
+    sysroot = Sysroot(root)
+    # The switch supports 16GT/s only; its uplink runs at 16GT/s under a 32GT/s root port.
+    setpci(sysroot, "0000:41:00.0", "CAP_EXP+0c.l=00000104:0000000f",
+           "CAP_EXP+12.w=0004:000f")
+    findings = list(PcieMrrs().evaluate(DirectoryHost(str(root))))
+    assert not [f for f in findings if dict(f.evidence).get("problem") == "path"]
+    setpci(sysroot, "0000:41:00.0", "CAP_EXP+12.w=0003:000f")  # 8GT/s: below both ends
+    path = [f for f in PcieMrrs().evaluate(DirectoryHost(str(root)))
+            if dict(f.evidence).get("problem") == "path"]
+    assert sorted(f.subject for f in path) == ["0000:43:00.0", "0000:44:00.0", "0000:45:00.0"]
+    assert "8GT/s of 16GT/s" in path[0].message
+
+
+def test_a_guest_judges_passed_through_gpus_only(tmp_path: Path) -> None:
+    from tests.support.hostgen.classes import KVM_GPUS, kvm_guest
+
+    root = kvm_guest().write_dir(tmp_path / "vm")
+    findings = list(PcieMrrs().evaluate(DirectoryHost(str(root))))
+    # VFs (MaxReadReq reserved, reads 128) and emulated NICs are not judged; no path walk
+    # over QEMU's emulated x1 root ports.
+    assert [(f.subject, f.status) for f in findings] == [(a, Status.PASS) for a in KVM_GPUS]
+    for address in ("0000:03:00.0", "0000:04:00.0"):
+        (root / f"sys/bus/pci/devices/{address}").unlink()
+    for address in KVM_GPUS:
+        (root / f"sys/bus/pci/devices/{address}").unlink()
+    [skip] = PcieMrrs().evaluate(DirectoryHost(str(root)))
+    assert "2 emulated by the hypervisor" in skip.message
+
+
+def test_a_grace_gpu_is_not_judged_on_its_pcie_link(tmp_path: Path) -> None:
+    from tests.support.hostgen.classes import grace_hopper
+
+    root = grace_hopper().write_dir(tmp_path / "gh")
+    found = {f.subject: f for f in PcieMrrs().evaluate(DirectoryHost(str(root)))}
+    assert found["0009:01:00.0"].status is Status.SKIP  # its MaxReadReq is 512
+    assert "NVLink-C2C" in found["0009:01:00.0"].message
+    assert found["0000:01:00.0"].status is Status.PASS
+
+
+def test_inside_a_container_64_bytes_means_audit_the_host(h200: Sysroot) -> None:
+    config = h200.path(f"{GPU_DIR}/config")
+    config.write_bytes(config.read_bytes()[:64])
+    h200.write("/run/systemd/container", "lxc\n")
+    h200.write("/proc/1/uid_map", "         0     100000      65536\n")
+    [finding] = run(h200)
+    assert finding.status is Status.SKIP
+    assert "unprivileged container (lxc)" in finding.message
+    assert "audit the host" in finding.message and "needs root" not in finding.message
+
+
+def test_a_grace_gpu_of_another_id_is_told_by_its_memory_node(tmp_path: Path) -> None:
+    from tests.support.hostgen.classes import grace_hopper
+
+    root = grace_hopper().write_dir(tmp_path / "gh")
+    (root / "sys/devices/pci0009:00/0009:00:00.0/0009:01:00.0/device").write_text("0x2941\n")
+    found = {f.subject: f for f in PcieMrrs().evaluate(DirectoryHost(str(root)))}
+    assert "NVLink-C2C" in found["0009:01:00.0"].message
+    # Not a Grace CPU (another arm64 part): the GPU's PCIe link is its host link.
+    cpuinfo = root / "proc/cpuinfo"
+    cpuinfo.write_text(cpuinfo.read_text().replace("0xd4f", "0xd0c"))
+    found = {f.subject: f for f in PcieMrrs().evaluate(DirectoryHost(str(root)))}
+    assert found["0009:01:00.0"].status is Status.FAIL  # its MaxReadReq 512 now counts

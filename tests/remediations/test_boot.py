@@ -100,6 +100,6 @@ def test_kernel_cmdline_without_trailing_newline_round_trips(h200: Sysroot, tmp_
     h200.write("/etc/kernel/proxmox-boot-uuids", "1234-ABCD\n")
     _, fix, rollback, copy, before = fix_cycle(h200, tmp_path, report_of(plant_cstates(h200)))
     assert (copy / "etc/kernel/cmdline").read_text() == (
-        "root=/dev/sda1 ro intel_idle.max_cstate=1 processor.max_cstate=1\n")
+        "root=/dev/sda1 ro intel_idle.max_cstate=2\n")
     assert_idempotent_and_reversible(fix, rollback, copy, before)
     assert (copy / "etc/kernel/cmdline").read_text() == "root=/dev/sda1 ro"

@@ -34,8 +34,10 @@ def test_deep_state_disabled_on_every_cpu_and_capped_at_boot(
     cpu = copy / "sys/devices/system/cpu"
     assert {(cpu / f"cpu{n}/cpuidle/state3/disable").read_text() for n in range(16)} == {"1\n"}
     assert {(cpu / f"cpu{n}/cpuidle/state1/disable").read_text() for n in range(16)} == {"0\n"}
+    # intel_idle keeps its first two states (C1, C1E); processor.max_cstate is acpi_idle's
+    # and stays as it was.
     assert grub_line(copy) == (
-        'GRUB_CMDLINE_LINUX_DEFAULT="quiet processor.max_cstate=1 intel_idle.max_cstate=1"'
+        'GRUB_CMDLINE_LINUX_DEFAULT="quiet processor.max_cstate=9 intel_idle.max_cstate=2"'
     )
     assert "update-grub" not in [ln.strip() for ln in fix.read_text().splitlines()]
     assert_idempotent_and_reversible(fix, rollback, copy, before)
@@ -87,12 +89,16 @@ def test_live_plan_refreshes_grub_only_after_a_change(h200: Sysroot, tmp_path: P
     assert "sysfs.path" in render_fix(plan).script  # the helper is there, used only with ROOT
 
 
-def test_haltpoll_has_no_boot_parameter_and_says_so(virtio: Sysroot) -> None:
+def test_haltpoll_has_no_boot_parameter_so_a_unit_disables_the_state(virtio: Sysroot) -> None:
     findings = plant_cstates(virtio, driver="haltpoll")
     plan = plan_for(virtio, report_of(findings))
-    [section] = [s for s in plan.sections if s.remedy.check == "cpu.cstates"]
-    assert not section.remedy.boot_params
-    assert any("no boot parameter" in n for n in section.remedy.notes)
+    state, unit = [s for s in plan.sections if s.remedy.check == "cpu.cstates"]
+    assert not state.remedy.boot_params and not unit.remedy.boot_params
+    assert any("no boot parameter" in n for n in state.remedy.notes)
+    assert [a.step.path for a in unit.actions[:2]] == [  # type: ignore[union-attr]
+        "/etc/systemd/system/host-auditor-cpuidle.service",
+        "/etc/systemd/system/multi-user.target.wants/host-auditor-cpuidle.service"]
+    assert "state3/disable" in unit.actions[0].step.content  # type: ignore[union-attr]
     assert not [s for s in plan.sections if s.remedy.check == "boot"]
 
 

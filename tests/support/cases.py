@@ -32,7 +32,7 @@ from auditor.policy import Policy, load_policy
 from auditor.registry import fix_reads
 from auditor.runner import audit
 from tests.support.fixkit import copy_tree, run, tree_hash, write_scripts
-from tests.support.hostgen import HostSpec, build_host
+from tests.support.hostgen import HostSpec, Tree, build_host
 from tests.support.recording import RecordingHost, undeclared
 from tests.support.sysroot import CAPTURES, Sysroot, extract_capture
 
@@ -56,6 +56,15 @@ def generated(spec: HostSpec | None = None) -> Base:
         return Sysroot(build_host(spec or HostSpec()).write_dir(dest))
 
     make.__name__ = "generated"
+    return make
+
+
+def built(make_tree: Callable[[], Tree], name: str = "") -> Base:
+    """Start from a host a generator module builds (``lambda: build_pve9(PveSpec(...))``)."""
+    def make(dest: Path) -> Sysroot:
+        return Sysroot(make_tree().write_dir(dest))
+
+    make.__name__ = name or "built"
     return make
 
 

@@ -1,7 +1,16 @@
-"""numa.balancing: single node, on at runtime, off now but not at boot, no knob."""
+"""numa.balancing: single node, on at runtime, off now but not at boot, the boot's real
+sysctl order (Debian 13 without a 99-sysctl.conf link), the mechanisms that keep it at
+boot (command line, tuned, a unit, root's crontab), a KVM guest, and inside a container."""
 
 from auditor.model import Status
-from tests.support.cases import Case, capture
+from tests.support.cases import Base, Case, built, capture
+from tests.support.hostgen.containers import PveSpec, build_pve9
+from tests.support.hostgen.guests import (
+    ContainerAuditSpec,
+    KvmGuestSpec,
+    build_container_audit,
+    build_kvm_guest,
+)
 from tests.support.plant import add_node, plant_numa
 from tests.support.sysroot import Sysroot
 
@@ -22,6 +31,53 @@ def no_knob(root: Sysroot) -> None:
     root.remove("/proc/sys/kernel/numa_balancing")
 
 
+def pve9() -> Base:
+    return built(lambda: build_pve9(PveSpec()), "pve9")
+
+
+def only_sysctl_conf(root: Sysroot) -> None:
+    """Debian 13: the line is in /etc/sysctl.conf, which no sysctl.d link points at."""
+    root.remove("/etc/sysctl.d/99-numa.conf")
+    root.write("/etc/sysctl.conf", "# local settings\nkernel.numa_balancing = 0\n")
+
+
+def sysctl_conf_linked(root: Sysroot) -> None:
+    only_sysctl_conf(root)
+    root.symlink("/etc/sysctl.d/99-sysctl.conf", "../sysctl.conf")
+
+
+def crontab(root: Sysroot) -> None:
+    root.remove("/etc/sysctl.d/99-numa.conf")
+    root.write("/var/spool/cron/crontabs/root", "# m h dom mon dow command\n"
+               "@reboot /usr/sbin/sysctl -w kernel.numa_balancing=0 >/dev/null\n")
+
+
+def unit_sets_one(root: Sysroot) -> None:
+    root.write("/etc/systemd/system/numa-tiering.service", "[Unit]\nDescription=Tiering\n\n"
+               "[Service]\nType=oneshot\nExecStart=/bin/sh -c 'echo 1 > "
+               "/proc/sys/kernel/numa_balancing'\n\n[Install]\nWantedBy=multi-user.target\n")
+    root.symlink("/etc/systemd/system/multi-user.target.wants/numa-tiering.service",
+                 "/etc/systemd/system/numa-tiering.service")
+
+
+def tuned_profile(root: Sysroot) -> None:
+    root.remove("/etc/sysctl.d/99-numa.conf")
+    root.write("/etc/tuned/active_profile", "inference\n")
+    root.write("/etc/tuned/inference/tuned.conf", "[main]\nsummary=Inference\n"
+               "include=throughput-performance\n\n[sysctl]\nkernel.numa_balancing=0\n")
+    root.write("/usr/lib/tuned/throughput-performance/tuned.conf",
+               "[main]\nsummary=Broadly applicable tuning\n\n[sysctl]\nvm.swappiness=10\n")
+    root.symlink("/etc/systemd/system/multi-user.target.wants/tuned.service",
+                 "/usr/lib/systemd/system/tuned.service")
+    root.write("/usr/lib/systemd/system/tuned.service", "[Unit]\n")
+
+
+def cmdline_disable(root: Sysroot) -> None:
+    root.remove("/etc/sysctl.d/99-numa.conf")
+    cmdline = root.read("/proc/cmdline").strip()
+    root.write("/proc/cmdline", f"{cmdline} numa_balancing=disable\n")
+
+
 CASES = [
     Case("one node: nothing to migrate", Status.PASS),
     Case("two nodes, off now and in sysctl.d", Status.PASS, off_now_and_at_boot),
@@ -29,4 +85,23 @@ CASES = [
     Case("two nodes, off now, nothing keeps it off at boot", Status.WARN,
          off_now_not_at_boot, fixed=True),
     Case("kernel without NUMA balancing", Status.SKIP, no_knob, base=capture("virtio")),
+    Case("PVE 9: a sysctl.d file keeps it off", Status.PASS, base=pve9()),
+    Case("PVE 9: /etc/sysctl.conf says 0, but no 99-sysctl.conf link makes the boot read it",
+         Status.WARN, only_sysctl_conf, base=pve9(), fixed=True),
+    Case("PVE 9: /etc/sysctl.conf through a 99-sysctl.conf link", Status.PASS,
+         sysctl_conf_linked, base=pve9()),
+    Case("PVE 9: root's @reboot crontab keeps it off", Status.PASS, crontab, base=pve9()),
+    Case("PVE 9: a systemd unit sets 1 after systemd-sysctl", Status.FAIL, unit_sets_one,
+         base=pve9()),
+    Case("PVE 9: tuned's active profile keeps it off", Status.PASS, tuned_profile,
+         base=pve9()),
+    Case("PVE 9: numa_balancing=disable on the command line", Status.PASS, cmdline_disable,
+         base=pve9()),
+    Case("KVM guest: on across its two virtual nodes", Status.FAIL,
+         base=built(lambda: build_kvm_guest(KvmGuestSpec(numa_balancing=True)), "kvm"),
+         fixed=True),
+    Case("inside an unprivileged container: the host's balancing is on", Status.FAIL,
+         base=built(lambda: build_container_audit(ContainerAuditSpec(host_numa=True)), "ct")),
+    Case("inside an unprivileged container: the host's balancing is off", Status.PASS,
+         base=built(lambda: build_container_audit(ContainerAuditSpec()), "ct")),
 ]

@@ -1,0 +1,53 @@
+"""pcie.acs: redirect on the ports above GPUs and NICs, covered or not by the command line."""
+
+from auditor.model import Status
+from tests.support.cases import Case, capture
+from tests.support.hostgen.classes import (
+    PcieBoxSpec,
+    base,
+    dgx_h100,
+    grace_hopper,
+    kvm_guest,
+    mi300x,
+    pcie_box,
+)
+from tests.support.sysroot import Sysroot
+
+CHECK = "pcie.acs"
+
+CLEAN_BOX = base(lambda: pcie_box(PcieBoxSpec(acs=False, translated=False)), "pcie-box-clean")
+
+
+def unprivileged(root: Sysroot) -> None:
+    """Config files as a user reads them: 64 bytes."""
+    for path in root.path("/sys/devices").rglob("config"):
+        path.write_bytes(path.read_bytes()[:64])
+
+
+def acs_override(root: Sysroot) -> None:
+    text = root.read("/proc/cmdline").strip()
+    root.write("/proc/cmdline", text + " pcie_acs_override=downstream,multifunction\n")
+
+
+CASES = [
+    # The runtime fix clears the bits; the boot line is not booted yet, so the re-audit says
+    # they were cleared at runtime only.
+    Case("8-GPU box: kernel-enabled redirect on every port", Status.FAIL,
+         base=base(pcie_box, "pcie-box"), fixed=True, after=Status.WARN),
+    Case("8-GPU box: pci=disable_acs_redir= covers every port", Status.PASS, base=CLEAN_BOX),
+    Case("pcie_acs_override on the command line", Status.WARN, acs_override, base=CLEAN_BOX),
+    Case("ACS in extended config space needs root", Status.SKIP, unprivileged,
+         base=base(pcie_box, "pcie-box")),
+    Case("DGX H100: ACS off, IOMMU off", Status.PASS, base=base(dgx_h100, "dgx-h100")),
+    Case("DGX H100: BIOS left ACS on the switch ports", Status.FAIL,
+         base=base(lambda: dgx_h100(acs_on=True), "dgx-h100-acs"), fixed=True,
+         after=Status.PASS),
+    Case("8x MI300X: redirect covered by the command line", Status.PASS,
+         base=base(mi300x, "mi300x")),
+    Case("8x MI300X: redirect on the switch ports", Status.FAIL,
+         base=base(lambda: mi300x(acs_covered=False), "mi300x-acs"), fixed=True,
+         after=Status.WARN),
+    Case("GH200", Status.SKIP, base=base(grace_hopper, "gh200")),
+    Case("KVM guest", Status.SKIP, base=base(kvm_guest, "kvm-guest")),
+    Case("H200 VM capture", Status.SKIP, base=capture("h200")),
+]
