@@ -31,6 +31,9 @@ from auditor.checks.lib.bootloader import (
 from auditor.hosts.base import Host
 from auditor.remediations.steps import AppendLine, Remedy, ReplaceLine, RunCommand, Step
 
+__all__ = ["BOOT_READS", "GRUB_DEFAULT", "GRUB_DROP_INS", "GRUB_VARIABLE", "KERNEL_CMDLINE",
+           "PROXMOX_BOOT_UUIDS", "boot_remedy", "merge_params"]
+
 GRUB_VARIABLE = "GRUB_CMDLINE_LINUX_DEFAULT"
 
 #: What planning a boot command line edit reads (every fix may need one).

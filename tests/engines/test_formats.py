@@ -15,7 +15,6 @@ import pytest
 from auditor import engines
 from auditor.cli import main
 from auditor.model import PROBLEMS, Severity, Status
-from auditor.registry import load_checks
 from tests.support.factories import make_finding, make_report
 from tests.support.sshd import free_port
 from tests.support.sysroot import CAPTURES
