@@ -1,8 +1,22 @@
-"""kernel.version: the running kernel against a minimum, a pending reboot, the NVIDIA driver.
+"""kernel.version: the running kernel judged by its line, a pending reboot, and the GPU driver.
 
-Two subjects: ``kernel`` (the running release against the policy minimum, and a
-newer installed kernel that waits for a reboot) and ``nvidia-driver`` (Blackwell
-GPUs need NVIDIA's open kernel module, R570 or newer).
+Subjects:
+
+- ``kernel``: the running release judged by the line it belongs to
+  (:func:`auditor.checks.lib.kernels.classify`). The policy minimum applies to vanilla
+  kernels and to the Proxmox line (and to Fedora's, which follows upstream); a
+  vendor-maintained line (Ubuntu's flavours, RHEL and rebuilds, Debian, cloud kernels)
+  passes when it is current for its release, since its upstream number says little about
+  its backports; a policy can set a minimum per line. A newer kernel of the same line that is
+  installed but not booted is "reboot pending"; a next boot that would start a kernel of
+  another line is said.
+- ``nvidia-driver``: Blackwell GPUs need NVIDIA's open kernel module from R570 on; and the
+  kernel the next boot picks must carry the nvidia module (in its modules.dep: DKMS's
+  ``updates/dkms``, the runfile's ``kernel/drivers/video``, Ubuntu's precompiled
+  ``kernel/nvidia-<branch>`` tree, RHEL's ``extra``), of the userspace's version, or the
+  reboot comes up without GPUs.
+- ``amdgpu-driver`` (hosts with AMD GPUs): the next boot's kernel must carry ``amdgpu``
+  (in-tree, which Ubuntu ships in linux-modules-extra, or amdgpu-dkms).
 """
 
 from __future__ import annotations
@@ -13,184 +27,59 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from auditor.check import Check, CheckOptions, Trigger, option
-from auditor.checks.lib import pci
+from auditor.checks.lib import files, kernels, nvidia, packages, pci
+from auditor.checks.lib.kernels import (  # noqa: F401 - kept importable from here
+    KERNEL_IMAGES,
+    MODULE_DIRS,
+    OSRELEASE,
+    PROC_VERSION,
+    installed_kernels,
+    newest_installed,
+    running_kernel,
+)
+from auditor.checks.lib.nvidia import (  # noqa: F401 - kept importable from here
+    BLACKWELL_DEVICE_RANGES,
+    PASSTHROUGH_DRIVERS,
+    is_blackwell,
+)
+from auditor.environment import READS as ENVIRONMENT_READS
+from auditor.environment import environment
 from auditor.errors import PolicyError
 from auditor.hosts.base import Host
-from auditor.model import Finding, Severity
+from auditor.model import Finding, Severity, Status
 from auditor.parsing import version_tuple
-from auditor.remediations.steps import Advice, FixContext, Remedy, evidence, safe_word
-
-OSRELEASE = "/proc/sys/kernel/osrelease"
-PROC_VERSION = "/proc/version"
-OS_RELEASE = "/etc/os-release"
-#: Where installed kernels leave their names: images in /boot, module trees in
-#: /lib/modules (/usr/lib/modules on merged-/usr and on distributions that keep
-#: the image there too).
-KERNEL_IMAGES = "/boot/vmlinuz-*"
-MODULE_DIRS = ("/lib/modules/*", "/usr/lib/modules/*")
-NVIDIA_PROC_VERSION = "/proc/driver/nvidia/version"
-NVIDIA_MODULE_VERSION = "/sys/module/nvidia/version"
-NVIDIA_MODULE_TAINT = "/sys/module/nvidia/taint"
-
-NVIDIA_VENDOR = 0x10DE
-#: Device-id ranges of NVIDIA's Blackwell GPUs, by chip, from the PCI ID database
-#: (pci-ids.ucw.cz) and the supported-GPU list of NVIDIA's open kernel modules:
-#:   0x2900-0x29ff  GB100 / GB102: B200 (0x2901), GB200 (0x2941), B100 (0x29bc)
-#:   0x2b00-0x2bff  GB202: RTX 5090 (0x2b85), RTX PRO 6000 Blackwell (0x2bb1...);
-#:                  also GB10B Jetson Thor (0x2b00)
-#:   0x2c00-0x2cff  GB203: RTX 5080 (0x2c02), RTX 5070 Ti (0x2c05), laptop parts
-#:   0x2d00-0x2dff  GB206 / GB207: RTX 5060 Ti (0x2d04), RTX 5060 (0x2d05), RTX 5050
-#:   0x2e00-0x2eff  GB10: DGX Spark / GB10 Grace Blackwell (0x2e12)
-#:   0x2f00-0x2fff  GB205: RTX 5070 (0x2f04), laptop parts
-#:   0x3100-0x31ff  GB110 (Blackwell Ultra): B300 (0x3182), GB300 (0x31c2, 0x31c3)
-BLACKWELL_DEVICE_RANGES = (
-    (0x2900, 0x29FF),
-    (0x2B00, 0x2BFF),
-    (0x2C00, 0x2CFF),
-    (0x2D00, 0x2DFF),
-    (0x2E00, 0x2EFF),
-    (0x2F00, 0x2FFF),
-    (0x3100, 0x31FF),
+from auditor.remediations.steps import (
+    Advice,
+    FixContext,
+    Remedy,
+    evidence,
+    parse_os_release,
+    safe_word,
 )
 
-#: "NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build ..." (open) and
-#: "NVIDIA UNIX x86_64 Kernel Module  550.54.14  Thu Feb 22 ..." (proprietary).
-_NVRM_VERSION = re.compile(r"\s(\d+\.\d+(?:\.\d+)?)\b")
-#: Lines of /proc/driver/nvidia/version looked at (the driver's line is the first).
-_NVRM_LINES = 16
-_DRIVER_VERSION = re.compile(r"\d+\.\d+(?:\.\d+)?")
-_PROC_VERSION = re.compile(r"Linux version (\S+)")
-_RELEASE = re.compile(r"[0-9][A-Za-z0-9._+~-]*", re.ASCII)
-#: Drivers that hold a GPU for a virtual machine: no host driver is expected then.
-PASSTHROUGH_DRIVERS = frozenset({"vfio-pci", "pci-stub"})
+OS_RELEASE = "/etc/os-release"
+NVIDIA_VENDOR = pci.NVIDIA
+#: Lines the policy ``minimum`` applies to: no vendor backports to the number.
+MINIMUM_LINES = frozenset({"vanilla", "pve", "fedora"})
+RHEL_LIKE = {"rhel", "centos", "rocky", "almalinux", "fedora", "ol"}
 
 
-def _nvrm(text: str) -> tuple[str, str] | None:
-    """Return (version, "open" or "proprietary") from the NVRM line, in linear time.
-
-    The line reads "NVIDIA UNIX [Open ]... Kernel Module ... <version> ..."; a version is
-    the first blank-led ``N.N[.N]`` after the first whole-word "Kernel Module" (only the
-    first occurrence of each needs a look: a later one sees less of the line).
-    """
-    lines = text.split("\n", _NVRM_LINES)[:_NVRM_LINES]
-    for number, line in enumerate(lines):
-        at = line.find("NVIDIA UNIX ")
-        if at < 0:
-            continue
-        rest = line[at + len("NVIDIA UNIX "):]
-        module = rest.find("Kernel Module")
-        while module >= 0:
-            after = module + len("Kernel Module")
-            if after >= len(rest) or not (rest[after].isalnum() or rest[after] == "_"):
-                break
-            module = rest.find("Kernel Module", after)
-        if module < 0:
-            continue
-        # The blank before the version may be the line's newline (the version then starts
-        # the next line), never anything further on.
-        tail = rest[module + len("Kernel Module"):]
-        following = lines[number + 1] if number + 1 < len(lines) else None
-        found = _NVRM_VERSION.search(tail if following is None else f"{tail}\n{following}")
-        if found is not None and found.start() <= len(tail):
-            return found.group(1), "open" if rest.startswith("Open ") else "proprietary"
-    return None
-
-
-
-
-def is_blackwell(device_id: int) -> bool:
-    """Return whether an NVIDIA device id is a Blackwell GPU."""
-    return any(low <= device_id <= high for low, high in BLACKWELL_DEVICE_RANGES)
-
-
-def running_kernel(host: Host) -> str | None:
-    """Return the running kernel release, from osrelease or else /proc/version."""
-    release = host.read_optional(OSRELEASE)
-    if release:
-        release = release.split()[0]
-    else:
-        match = _PROC_VERSION.search(host.read_optional(PROC_VERSION) or "")
-        release = match.group(1) if match else ""
-    return release if _RELEASE.fullmatch(release) else None
-
-
-def installed_kernels(host: Host) -> list[str]:
-    """Return the kernel releases installed in /boot and the module directories."""
-    releases: set[str] = set()
-    for path in host.glob(KERNEL_IMAGES):
-        releases.add(path.rsplit("/", 1)[1].removeprefix("vmlinuz-"))
-    for pattern in MODULE_DIRS:
-        releases.update(path.rsplit("/", 1)[1] for path in host.glob(pattern) if host.is_dir(path))
-    # A name must look like a release to count: it ends up in messages and fix lines, so a
-    # hostile one ("6.99$(reboot)", a newline) is dropped; vmlinuz-0-rescue-<id> starts
-    # with "0" and never compares newer.
-    return sorted(r for r in releases if _RELEASE.fullmatch(r) and version_tuple(r))
-
-
-def newest_installed(running: str, installed: Iterable[str]) -> str | None:
-    """Return the newest installed release newer than the running one, or None."""
-    current = version_tuple(running)
-    newer = [r for r in installed if version_tuple(r) > current]
-    return max(newer, key=lambda r: (version_tuple(r), r)) if newer else None
+def nvidia_driver(host: Host) -> tuple[str, str] | None:
+    """Return the loaded NVIDIA driver as (version, flavour), or None if none is loaded."""
+    driver = nvidia.loaded_driver(host)
+    return (driver.version, driver.flavour) if driver else None
 
 
 def os_release_id(host: Host) -> str:
     """Return the ID from /etc/os-release (``debian``, ``ubuntu``), or an empty string."""
-    for line in (host.read_optional(OS_RELEASE) or "").splitlines():
-        key, sep, value = line.partition("=")
-        if sep and key.strip() == "ID":
-            value = value.strip().strip("\"'")
-            return value if re.fullmatch(r"[a-z0-9._-]+", value) else ""
-    return ""
-
-
-def nvidia_driver(host: Host) -> tuple[str, str] | None:
-    """Return the loaded NVIDIA driver as (version, flavour), or None if none is loaded.
-
-    The flavour is ``open``, ``proprietary`` or ``unknown``.
-    """
-    text = host.read_optional(NVIDIA_PROC_VERSION)
-    if text:
-        parsed = _nvrm(text)
-        if parsed is not None:
-            return parsed
-    module_version = host.read_optional(NVIDIA_MODULE_VERSION)
-    if not module_version:
-        return None
-    match = _DRIVER_VERSION.match(module_version)
-    if match is None:
-        return None
-    # The proprietary module is not GPL-compatible and taints the kernel with P; the open
-    # one (Dual MIT/GPL) leaves only O and E.
-    taint = host.read_optional(NVIDIA_MODULE_TAINT)
-    if taint is None:
-        flavour = "unknown"
-    else:
-        flavour = "proprietary" if "P" in taint else "open"
-    return match.group(0), flavour
-
-
-def nvidia_gpus(host: Host) -> list[tuple[str, int, str]]:
-    """Return the NVIDIA display-class devices as (address, device id, driver)."""
-    found: list[tuple[str, int, str]] = []
-    for address in pci.pci_addresses(host):
-        class_code = pci.device_class(host, address)
-        if class_code is None or class_code >> 16 != 0x03:
-            continue
-        ids = pci.device_ids(host, address)
-        if ids is None or ids[0] != NVIDIA_VENDOR:
-            continue
-        found.append((address, ids[1], pci.driver_name(host, address)))
-    return found
-
-
-RHEL_LIKE = {"rhel", "centos", "rocky", "almalinux", "fedora", "ol"}
+    value = parse_os_release(files.read_optional(host, OS_RELEASE) or "").get("ID", "")
+    return value if re.fullmatch(r"[a-z0-9._-]{1,64}", value) else ""
 
 
 def _codename(os_release: Mapping[str, str]) -> str:
     """Return the codename a release names in parentheses (``12 (bookworm)``), or ""."""
     for key in ("VERSION", "PRETTY_NAME"):
-        match = re.search(r"\(([a-z]+)\)", os_release.get(key, ""))
+        match = re.search(r"\(([a-z]{1,32})\)", os_release.get(key, "")[:256])
         if match:
             return match.group(1)
     return ""
@@ -199,16 +88,26 @@ def _codename(os_release: Mapping[str, str]) -> str:
 def upgrade_command(
     running: str, minimum: str, os_release: Mapping[str, str], arch: str = "amd64"
 ) -> tuple[str, ...]:
-    """Return the command that installs a newer kernel on this distribution, or ()."""
+    """Return the command that installs a newer kernel of the running line, or ()."""
     ids = {os_release.get("ID", ""), *os_release.get("ID_LIKE", "").split()}
+    line = kernels.classify(running, os_release)
     wanted = version_tuple(minimum)
-    if running.endswith("-pve") or "pve" in os_release.get("NAME", "").lower():
+    if line.name == "pve" or "pve" in os_release.get("NAME", "").lower():
         series = ".".join(str(n) for n in (wanted[:2] if len(wanted) >= 2 else (6, 14)))
         return ("apt", "install", f"proxmox-kernel-{series}")
-    if os_release.get("ID") == "ubuntu" or "ubuntu" in ids:
+    if line.name.startswith("ubuntu-") or os_release.get("ID") == "ubuntu" or "ubuntu" in ids:
         version = os_release.get("VERSION_ID", "")
-        if safe_word(version):
-            return ("apt", "install", "--install-recommends", f"linux-generic-hwe-{version}")
+        flavour = line.flavour or "generic"
+        if flavour in ("generic", "generic-64k"):
+            if safe_word(version):
+                return ("apt", "install", "--install-recommends",
+                        f"linux-{flavour}-hwe-{version}")
+            return ()
+        # Another Ubuntu line (-nvidia, -nvidia-64k, a cloud's): its own metapackage, never
+        # the generic HWE kernel.
+        return ("apt", "install", "--only-upgrade", f"linux-{flavour}")
+    if line.name == "vanilla":
+        # A kernel built from upstream sources: the distribution's kernel is another line.
         return ()
     if "debian" in ids:
         codename = os_release.get("VERSION_CODENAME", "") or _codename(os_release)
@@ -224,104 +123,174 @@ def upgrade_command(
 class KernelOptions(CheckOptions):
     """Options of ``kernel.version``."""
 
-    minimum: str = option("6.14", help="the oldest kernel release that passes (e.g. 6.14)")
+    minimum: str = option(
+        "6.14", help="the oldest release that passes on lines without vendor backports "
+                     "(vanilla, Proxmox, Fedora)")
+    line_minimums: tuple[str, ...] = option(
+        (), help="per-line minimums, LINE=VERSION (e.g. ubuntu-nvidia=6.8, el9=5.14.0-570, "
+                 "ubuntu-generic=6.8); a line named here is judged by this number")
     blackwell_min_driver: str = option(
         "570", help="the oldest NVIDIA driver branch that supports Blackwell GPUs")
 
     def validate(self, where: str) -> None:
-        """Both values must read as versions."""
+        """Versions must read as versions; line minimums as LINE=VERSION."""
         for name in ("minimum", "blackwell_min_driver"):
             value = getattr(self, name)
             if not version_tuple(value):
                 raise PolicyError(f"{where}.{name} must be a version such as 6.14, got "
                                   f"{value!r}")
+        for entry in self.line_minimums:
+            line, sep, version = entry.partition("=")
+            if not sep or not re.fullmatch(r"[a-z0-9-]{2,40}", line) or not version_tuple(
+                    version):
+                raise PolicyError(f"{where}.line_minimums entries must read LINE=VERSION "
+                                  f"(ubuntu-nvidia=6.8), got {entry!r}")
+
+    def minimum_for(self, line: str) -> str | None:
+        """Return the minimum a line is held to, or None for a vendor line judged by release."""
+        for entry in self.line_minimums:
+            name, _, version = entry.partition("=")
+            if name == line:
+                return version
+        return self.minimum if line in MINIMUM_LINES else None
 
 
 class KernelVersion(Check[KernelOptions]):
-    """The running kernel must be recent enough, and Blackwell GPUs need the open R570+ driver."""
+    """The kernel must be current for its line, and the next boot must find the GPU driver."""
 
     id: ClassVar[str] = "kernel.version"
     severity: ClassVar[Severity] = Severity.MEDIUM
     reads: ClassVar[tuple[str, ...]] = (
-        OSRELEASE,
-        PROC_VERSION,
+        *kernels.RELEASE_READS,
+        *kernels.NEXT_BOOT_READS,
+        *kernels.MODULE_READS,
         OS_RELEASE,
-        KERNEL_IMAGES,
-        *MODULE_DIRS,
-        NVIDIA_PROC_VERSION,
-        NVIDIA_MODULE_VERSION,
-        NVIDIA_MODULE_TAINT,
-        "/sys/bus/pci/devices/*",
-        "/sys/bus/pci/devices/*/class",
-        "/sys/bus/pci/devices/*/vendor",
-        "/sys/bus/pci/devices/*/device",
-        "/sys/bus/pci/devices/*/driver",
+        *nvidia.DRIVER_READS,
+        *nvidia.USERSPACE_READS,
+        nvidia.OPERATOR_ROOT,
+        *packages.DPKG_READS,
+        *pci.DEVICE_READS,
+        *ENVIRONMENT_READS,
     )
     rationale: ClassVar[str] = (
         "Recent kernels carry the fixes and features inference hosts lean on (HMM and "
         "device-memory migration, io_uring, NUMA and scheduler fixes, support for the newest "
-        "CPUs, NICs and GPUs). A newer kernel that is installed but not booted is a fix that "
-        "has not landed. NVIDIA Blackwell GPUs are supported only by the open kernel modules, "
-        "from driver branch R570 on."
+        "CPUs, NICs and GPUs); a vendor's kernel line carries them as backports, so it is "
+        "judged by its release, not its number. A newer kernel installed but not booted is a "
+        "fix that has not landed, and a next kernel without the GPU driver's module is a "
+        "reboot that comes up without GPUs. NVIDIA Blackwell GPUs are supported only by the "
+        "open kernel modules, from driver branch R570 on."
     )
     remedy: ClassVar[str] = (
-        "Install the distribution's newer kernel series (HWE on Ubuntu, backports on Debian, "
-        "proxmox-kernel-6.14 or newer on Proxmox) and reboot into it. For Blackwell, install "
-        "the open flavour of a R570 or newer NVIDIA driver (nvidia-driver-5xx-open, or "
-        "NVIDIA's installer with -m=kernel-open)."
+        "Upgrade within the running kernel's line (its metapackage, HWE on Ubuntu generic, "
+        "proxmox-kernel-6.14 or newer on Proxmox) and reboot into it; before rebooting, build "
+        "or install the GPU driver's module for the next kernel (dkms autoinstall -k VERSION, "
+        "or the precompiled linux-modules-nvidia package of the same branch). For Blackwell, "
+        "install the open flavour of a R570 or newer NVIDIA driver."
     )
     options_type: ClassVar[type[CheckOptions]] = KernelOptions
     fix_reads: ClassVar[tuple[str, ...]] = ("/proc/cpuinfo",)
     events: ClassVar[frozenset[Trigger]] = frozenset({Trigger.GPU_MODULE})
 
     def evaluate(self, host: Host) -> Iterable[Finding]:
+        env = environment(host)
+        os_release = parse_os_release(files.read_optional(host, OS_RELEASE) or "")
         distro = os_release_id(host)
         running = running_kernel(host)
-        yield self._judge_kernel(host, running, distro)
-        yield self._judge_driver(host, running or "", distro)
+        installed = installed_kernels(host)
+        nxt = kernels.next_boot(host, running or "", installed) if running else None
+        if env.in_container:
+            reason = (f"inside a {env.describe()}: the kernel and its modules are the host's; "
+                      "audit the host (a kernel is never installed inside a container)")
+            yield self.skipped("kernel", reason, evidence={"running": running or ""})
+            yield self.skipped("nvidia-driver", reason)
+            return
+        yield self._judge_kernel(host, running, distro, os_release, installed, nxt)
+        amd = [d for d in pci.devices(host) if d.is_gpu and d.vendor == pci.AMD_GPU
+               and d.driver not in PASSTHROUGH_DRIVERS]
+        if not amd or nvidia.gpus(host) or nvidia.loaded_driver(host) is not None:
+            yield self._judge_driver(host, running or "", distro, nxt)
+        if amd:
+            yield self._judge_amdgpu(host, amd, nxt, os_release)
 
-    def _judge_kernel(self, host: Host, running: str | None, distro: str) -> Finding:
-        minimum = self.options.minimum
-        wanted = version_tuple(minimum)
-        evidence = {"running": running or "", "minimum": minimum, "distro": distro}
+    # -- the running kernel -----------------------------------------------------------------
+
+    def _judge_kernel(self, host: Host, running: str | None, distro: str,
+                      os_release: Mapping[str, str], installed: list[str],
+                      nxt: kernels.NextBoot | None) -> Finding:
         if not running or not version_tuple(running):
             return self.skipped(
                 "kernel",
                 f"the running kernel release cannot be read from {OSRELEASE} or {PROC_VERSION}",
-                evidence=evidence,
-            )
-        pending = newest_installed(running, installed_kernels(host))
+                evidence={"running": running or "", "distro": distro})
+        line = kernels.classify(running, os_release)
+        minimum = self.options.minimum_for(line.name)
+        ev = {"running": running, "minimum": minimum or "", "distro": distro}
+        if line.name != "vanilla" or self.options.line_minimums:
+            ev["line"] = line.name
+        same_line = [r for r in installed
+                     if kernels.classify(r, os_release).name == line.name]
+        pending = newest_installed(running, same_line)
         if pending:
-            evidence["installed_newer"] = pending
-        if version_tuple(running) < wanted:
+            ev["installed_newer"] = pending
+        other = ""
+        if nxt is not None and nxt.release != running and \
+                kernels.classify(nxt.release, os_release).name != line.name:
+            other = nxt.release
+            ev["next_boot"] = other
+            ev["next_boot_line"] = kernels.classify(other, os_release).name
+        if minimum and not version_tuple(minimum):
+            minimum = None
+        if not ev["minimum"]:
+            del ev["minimum"]
+        if minimum and version_tuple(running) < version_tuple(minimum):
             then, fix = "", f"install a kernel >= {minimum} and reboot"
-            if pending and version_tuple(pending) >= wanted:
+            if pending and version_tuple(pending) >= version_tuple(minimum):
                 then, fix = f"; {pending} is installed: reboot into it", f"reboot into {pending}"
             elif pending:
                 then = f"; the newest installed, {pending}, is below {minimum} too"
             return self.failed(
-                "kernel",
-                f"running kernel {running} is older than {minimum}{then}",
-                observed=running, expected=f">= {minimum}", fix=fix, evidence=evidence,
-            )
+                "kernel", f"running kernel {running} ({line.describe()}) is older than "
+                f"{minimum}{then}", observed=running, expected=f">= {minimum}", fix=fix,
+                evidence=ev)
         if pending:
             return self.warned(
-                "kernel",
-                f"reboot pending: kernel {pending} is installed but {running} is running",
-                observed=running, expected=pending, fix=f"reboot into {pending}",
-                evidence=evidence,
-            )
+                "kernel", f"reboot pending: kernel {pending} of the same line is installed but "
+                f"{running} is running", observed=running, expected=pending,
+                fix=f"reboot into {pending}", evidence=ev)
+        if other:
+            return self.warned(
+                "kernel", f"the next boot starts {other} ({ev['next_boot_line']}), a kernel of "
+                f"another line than the running {running} ({line.name}): "
+                f"{nxt.how if nxt else ''}", observed=running, expected=f"a {line.name} kernel",
+                fix=f"remove {other} or set the boot default to the {line.name} kernel",
+                evidence=ev)
+        if minimum:
+            return self.passed(
+                "kernel", f"running kernel {running} is at or above {minimum}",
+                observed=running, expected=f">= {minimum}", evidence=ev)
+        currency = kernels.currency(line, os_release)
+        ev["current_because"] = currency.why
+        if not currency.current:
+            return self.warned(
+                "kernel", f"running kernel {running} ({line.describe()}) is not current for "
+                f"its release: {currency.why}", observed=running,
+                expected="the release's current kernel series", evidence=ev,
+                fix="upgrade within the line and reboot")
         return self.passed(
-            "kernel", f"running kernel {running} is at or above {minimum}",
-            observed=running, expected=f">= {minimum}", evidence=evidence,
-        )
+            "kernel", f"running kernel {running}: {line.describe()}, {currency.why}",
+            observed=running, evidence=ev)
 
-    def _judge_driver(self, host: Host, running: str, distro: str) -> Finding:
+    # -- the NVIDIA driver, now and at the next boot -------------------------------------------
+
+    def _judge_driver(self, host: Host, running: str, distro: str,
+                      nxt: kernels.NextBoot | None) -> Finding:
         branch = self.options.blackwell_min_driver
-        gpus = nvidia_gpus(host)
-        blackwell = [(a, d) for a, d, _ in gpus if is_blackwell(d)]
-        driver = nvidia_driver(host)
-        evidence = {
+        gpus = nvidia.gpus(host)
+        blackwell = [(g.address, g.device) for g in gpus
+                     if g.device is not None and is_blackwell(g.device)]
+        driver = nvidia.loaded_driver(host)
+        ev = {
             "running": running,
             "distro": distro,
             "gpus": str(len(gpus)),
@@ -330,97 +299,221 @@ class KernelVersion(Check[KernelOptions]):
         if driver is None:
             if not gpus:
                 return self.skipped(
-                    "nvidia-driver", "no NVIDIA driver loaded and no NVIDIA GPU", evidence=evidence
-                )
-            held = [a for a, _, drv in gpus if drv in PASSTHROUGH_DRIVERS]
-            if len(held) == len(gpus):
+                    "nvidia-driver", "no NVIDIA driver loaded and no NVIDIA GPU", evidence=ev)
+            if all(g.driver in PASSTHROUGH_DRIVERS for g in gpus):
                 return self.skipped(
                     "nvidia-driver",
                     f"{len(gpus)} NVIDIA GPU(s) bound to a passthrough driver "
-                    f"({', '.join(sorted({drv for _, _, drv in gpus}))}): no host driver expected",
-                    evidence=evidence,
-                )
+                    f"({', '.join(sorted({g.driver for g in gpus}))}): no host driver expected",
+                    evidence=ev)
             return self.warned(
-                "nvidia-driver",
-                f"{len(gpus)} NVIDIA GPU(s) but no NVIDIA driver is loaded",
-                observed="no driver", expected="nvidia driver loaded", evidence=evidence,
-            )
-        version, flavour = driver
-        evidence.update(version=version, flavour=flavour)
+                "nvidia-driver", f"{len(gpus)} NVIDIA GPU(s) but no NVIDIA driver is loaded",
+                observed="no driver", expected="nvidia driver loaded", evidence=ev)
+        version, flavour = driver.version, driver.flavour
+        ev.update(version=version, flavour=flavour)
         described = f"NVIDIA driver {version} ({flavour} kernel module)"
-        if not blackwell:
-            return self.passed(
-                "nvidia-driver",
-                f"{described}; no Blackwell GPU among {len(gpus)} NVIDIA GPU(s)",
-                observed=f"{version} {flavour}", evidence=evidence,
-            )
-        expected = f"open kernel module, >= {branch}"
-        problems: list[str] = []
-        if flavour == "proprietary":
-            problems.append("Blackwell GPUs are supported only by the open kernel module")
-        if version_tuple(version) < version_tuple(branch):
-            problems.append(f"Blackwell needs driver branch R{branch} or newer")
+        problems: list[tuple[Status, str]] = []
+        expected = ""
+        if blackwell:
+            expected = f"open kernel module, >= {branch}"
+            if flavour == "proprietary":
+                problems.append((Status.FAIL, "Blackwell GPUs are supported only by the open "
+                                 "kernel module"))
+            if version_tuple(version) < version_tuple(branch):
+                problems.append((Status.FAIL, f"Blackwell needs driver branch R{branch} or "
+                                 "newer"))
+        problems += self._next_boot_module(host, running, driver, nxt, ev)
         if problems:
-            return self.failed(
-                "nvidia-driver",
-                f"{described} with {len(blackwell)} Blackwell GPU(s): {'; '.join(problems)}",
-                observed=f"{version} {flavour}", expected=expected,
-                fix=f"install the open NVIDIA kernel module, driver {branch} or newer",
-                evidence=evidence,
-            )
-        if flavour == "unknown":
+            worst = Status.FAIL if any(s is Status.FAIL for s, _ in problems) else Status.WARN
+            gpus_said = (f" with {len(blackwell)} Blackwell GPU(s)" if blackwell else "")
+            return self.finding(
+                worst, "nvidia-driver",
+                f"{described}{gpus_said}: {'; '.join(text for _, text in problems)}",
+                observed=f"{version} {flavour}", expected=expected or "a module for the next "
+                "boot", evidence=ev,
+                fix=ev.get("module_fix", f"install the open NVIDIA kernel module, driver "
+                                         f"{branch} or newer"))
+        if blackwell and flavour == "unknown":
             return self.skipped(
                 "nvidia-driver",
                 f"{described} with {len(blackwell)} Blackwell GPU(s): cannot tell whether the "
-                "open or the proprietary module is loaded",
-                evidence=evidence,
-            )
+                "open or the proprietary module is loaded", evidence=ev)
+        said = (f"supports its {len(blackwell)} Blackwell GPU(s)" if blackwell
+                else f"no Blackwell GPU among {len(gpus)} NVIDIA GPU(s)")
+        nextsaid = (f"; the next boot's kernel {ev['next_boot']} gets the module from "
+                    f"{ev['next_boot_module']}" if ev.get("next_boot_module") else "")
         return self.passed(
-            "nvidia-driver",
-            f"{described} supports its {len(blackwell)} Blackwell GPU(s)",
-            observed=f"{version} {flavour}", expected=expected, evidence=evidence,
-        )
+            "nvidia-driver", f"{described}; {said}{nextsaid}" if not blackwell else
+            f"{described} {said}{nextsaid}",
+            observed=f"{version} {flavour}", expected=expected, evidence=ev)
 
-    # -- the fix (advice only: a kernel is the operator's choice) ------------------------
+    def _next_boot_module(self, host: Host, running: str, driver: nvidia.LoadedDriver,
+                          nxt: kernels.NextBoot | None, ev: dict[str, str]
+                          ) -> list[tuple[Status, str]]:
+        """Judge the nvidia module of the kernel the next boot starts."""
+        if nxt is None:
+            return []
+        ev["next_boot"] = nxt.release
+        ev["next_boot_how"] = nxt.how
+        if host.exists(nvidia.OPERATOR_ROOT):
+            # The GPU Operator's driver container builds and loads the module at every boot,
+            # from its own tree: the host's modules.dep never lists it.
+            ev["next_boot_module"] = "the GPU Operator's driver container"
+            return []
+        search = kernels.gpu_modules(host, nxt.release, "nvidia")
+        if not search.indexed:
+            ev["next_boot_module"] = ""
+            return []
+        if search.dkms_built:
+            ev["dkms_built"] = " ".join(search.dkms_built)
+        versions = kernels.dkms_versions(host, "nvidia")
+        if versions:
+            ev["dkms_sources"] = " ".join(versions)
+        if not search.modules:
+            ev["module_fix"] = f"build or install the nvidia module for {nxt.release}"
+            running_search = kernels.gpu_modules(host, running, "nvidia") if running else None
+            if running_search and running_search.modules:
+                ev["running_module"] = running_search.modules[0].path
+                ev["running_origin"] = running_search.modules[0].origin
+            built = (" (DKMS built it but did not install it)" if search.dkms_built else "")
+            return [(Status.FAIL, f"the next boot starts {nxt.release} ({nxt.how}), whose "
+                     f"modules.dep has no nvidia module{built}: the reboot comes up without "
+                     "GPUs")]
+        module = search.modules[0]
+        ev["next_boot_module"] = module.path
+        ev["next_boot_origin"] = module.origin
+        if module.version:
+            ev["next_boot_module_version"] = module.version
+        userspace = sorted(nvidia.userspace(host).versions("host"))
+        target = userspace[-1] if len(userspace) == 1 else driver.version
+        if module.origin == "dkms" and module.version and module.version != target:
+            return [(Status.FAIL, f"the next boot ({nxt.release}) loads DKMS nvidia "
+                     f"{module.version} while the userspace driver is {target}: after the "
+                     "reboot every process fails with a version mismatch")]
+        if module.origin == "precompiled" and module.version and \
+                module.version != nvidia.branch(target):
+            return [(Status.FAIL, f"the next boot ({nxt.release}) loads the precompiled "
+                     f"nvidia-{module.version} module while the userspace driver is {target}: "
+                     "after the reboot every process fails with a version mismatch")]
+        return []
+
+    def _judge_amdgpu(self, host: Host, amd: list[pci.PciDevice],
+                      nxt: kernels.NextBoot | None, os_release: Mapping[str, str]) -> Finding:
+        ev = {"gpus": " ".join(g.address for g in amd)[:512]}
+        if nxt is None:
+            return self.skipped("amdgpu-driver", "no installed kernel found to judge the next "
+                                "boot by", evidence=ev)
+        search = kernels.gpu_modules(host, nxt.release, "amdgpu")
+        ev.update(next_boot=nxt.release, next_boot_how=nxt.how)
+        if not search.indexed:
+            return self.skipped("amdgpu-driver", f"{nxt.release} has no modules.dep to judge",
+                                evidence=ev)
+        if search.modules:
+            ev["next_boot_module"] = search.modules[0].path
+            return self.passed("amdgpu-driver", f"the next boot's kernel {nxt.release} carries "
+                               f"amdgpu ({search.modules[0].path}) for {len(amd)} AMD GPU(s)",
+                               evidence=ev)
+        if search.dkms_built:
+            ev["dkms_built"] = " ".join(search.dkms_built)
+        return self.failed(
+            "amdgpu-driver", f"the next boot starts {nxt.release} ({nxt.how}), whose "
+            "modules.dep has no amdgpu module: the reboot comes up without its "
+            f"{len(amd)} AMD GPU(s)", observed="no amdgpu module", expected="amdgpu.ko",
+            evidence=ev, fix=f"install the amdgpu module for {nxt.release}")
+
+    # -- the fix (advice only: a kernel and a driver are the operator's choice) ------------
 
     def remediate(
         self, host: Host, findings: Sequence[Finding], context: FixContext
     ) -> list[Remedy]:
-        """Advise the kernel (or NVIDIA driver) upgrade; nothing runs unless uncommented."""
+        """Advise the kernel, driver or module to install; nothing runs unless uncommented."""
         remedies: list[Remedy] = []
-        cpuinfo = host.read_optional("/proc/cpuinfo") or ""
+        cpuinfo = files.read_optional(host, "/proc/cpuinfo") or ""
         arch = "arm64" if "CPU implementer" in cpuinfo and "vendor_id" not in cpuinfo else "amd64"
         for finding in findings:
             ev = evidence(finding)
-            minimum = ev.get("minimum", finding.expected)
             if finding.subject == "kernel":
-                running = ev.get("running", finding.observed)
-                advice: list[Advice] = []
-                newer = ev.get("installed_newer", "")
-                if newer:
-                    advice.append(Advice(f"kernel {newer} is installed already: reboot into it"))
-                enough = bool(newer) and version_tuple(newer) >= version_tuple(minimum)
-                command = upgrade_command(running, minimum, context.os_release, arch)
-                if enough:
-                    pass
-                elif command:
-                    advice.append(Advice(f"install a kernel >= {minimum}, then reboot", command))
-                else:
-                    advice.append(Advice(f"install a kernel >= {minimum} with this "
-                                         "distribution's tools, then reboot"))
-                remedies.append(Remedy(
-                    check=self.id, subject="kernel",
-                    title=f"kernel {running} is older than {minimum}",
-                    advice=tuple(advice), reboot=True,
-                ))
+                remedies.append(self._kernel_remedy(finding, ev, context, arch))
             elif finding.subject == "nvidia-driver":
-                flavour = ev.get("flavour", "")
-                remedies.append(Remedy(
-                    check=self.id, subject="nvidia-driver",
-                    title=f"NVIDIA driver {ev.get('version', finding.observed)} is older than "
-                          f"{minimum}",
-                    advice=(Advice(f"install the NVIDIA {flavour} driver >= {minimum} from "
-                                   "the same source as the current one, then reboot"),),
-                    reboot=True,
-                ))
+                remedies.append(self._driver_remedy(host, finding, ev))
+            elif finding.subject == "amdgpu-driver":
+                release = ev.get("next_boot", "")
+                advice = []
+                if kernels.dkms_versions(host, "amdgpu"):
+                    advice.append(Advice("build amdgpu-dkms for the next kernel",
+                                         ("dkms", "autoinstall", "-k", release)))
+                if bootloader_family(context.os_release) == "ubuntu" and \
+                        kernels.is_release(release):
+                    advice.append(Advice("Ubuntu ships amdgpu in linux-modules-extra",
+                                         ("apt", "install", f"linux-modules-extra-{release}")))
+                advice.append(Advice(f"do not reboot into {release} until it carries amdgpu"))
+                remedies.append(Remedy(check=self.id, subject="amdgpu-driver",
+                                       title=f"no amdgpu module for {release}",
+                                       advice=tuple(advice)))
         return remedies
+
+    def _kernel_remedy(self, finding: Finding, ev: dict[str, str], context: FixContext,
+                       arch: str) -> Remedy:
+        minimum = ev.get("minimum", "") or self.options.minimum
+        running = ev.get("running", finding.observed)
+        advice: list[Advice] = []
+        newer = ev.get("installed_newer", "")
+        if newer:
+            advice.append(Advice(f"kernel {newer} is installed already: reboot into it"))
+        if ev.get("next_boot"):
+            advice.append(Advice(f"the next boot would start {ev['next_boot']} (line "
+                                 f"{ev.get('next_boot_line', '?')}): remove it or make the "
+                                 f"running line's kernel the default"))
+        enough = bool(newer) and version_tuple(newer) >= version_tuple(minimum)
+        command = upgrade_command(running, minimum, context.os_release, arch)
+        if enough or (newer and finding.status is not Status.FAIL) or ev.get("next_boot"):
+            pass
+        elif command:
+            advice.append(Advice(f"install a newer kernel of the same line ({minimum} or newer "
+                                 "where a minimum applies), then reboot", command))
+        else:
+            advice.append(Advice(f"install a kernel >= {minimum} of the same line with this "
+                                 "distribution's tools, then reboot"))
+        return Remedy(check=self.id, subject="kernel",
+                      title=f"kernel {running}: {finding.message[:120]}",
+                      advice=tuple(advice), reboot=True)
+
+    def _driver_remedy(self, host: Host, finding: Finding, ev: dict[str, str]) -> Remedy:
+        advice: list[Advice] = []
+        release = ev.get("next_boot", "")
+        if ev.get("module_fix") and kernels.is_release(release):
+            if ev.get("dkms_sources"):
+                advice.append(Advice(f"build and install the nvidia module for {release} "
+                                     "with DKMS", ("dkms", "autoinstall", "-k", release)))
+            running = ev.get("running", "")
+            prebuilt = [p.name for p in packages.dpkg_packages(host).installed(
+                "linux-modules-nvidia-") if running and p.name.endswith("-" + running)]
+            if prebuilt:
+                name = prebuilt[0][: -len(running)] + release
+                advice.append(Advice("install the precompiled module of the same branch for "
+                                     f"{release}", ("apt", "install", name)))
+            if not advice:
+                advice.append(Advice(f"install the NVIDIA kernel module for {release} from "
+                                     "the same source as the running one"))
+            advice.append(Advice(f"do not reboot into {release} until it carries the module"))
+        if ev.get("blackwell") and ("R" in finding.message or "open" in finding.message):
+            advice.append(Advice(
+                f"install the NVIDIA open driver >= {self.options.blackwell_min_driver} from "
+                "the same source as the current one (nvidia-driver-5xx-open, or NVIDIA's "
+                "installer with -m=kernel-open), then reboot"))
+        if "next boot" in finding.message and "mismatch" in finding.message:
+            advice.append(Advice("rebuild or reinstall the next kernel's nvidia module at the "
+                                 "userspace driver's version before rebooting"))
+        if not advice:
+            advice.append(Advice("load or install the NVIDIA driver"))
+        return Remedy(check=self.id, subject="nvidia-driver",
+                      title=f"NVIDIA driver {ev.get('version', finding.observed)}: "
+                            f"{finding.message[:100]}",
+                      advice=tuple(advice), reboot=True)
+
+
+def bootloader_family(os_release: Mapping[str, str]) -> str:
+    """Return ``ubuntu`` for Ubuntu and its derivatives, else the os-release ID."""
+    ids = {os_release.get("ID", ""), *os_release.get("ID_LIKE", "").split()}
+    return "ubuntu" if "ubuntu" in ids else os_release.get("ID", "")
+

@@ -1,44 +1,51 @@
 """The boot command line: where this host keeps it, and the edit that adds parameters.
 
-Detected through the Host seam: ``/etc/kernel/cmdline`` with proxmox-boot-tool
-(systemd-boot), ``/etc/default/grub`` (and ``/etc/default/grub.d/*.cfg``, sourced
-after it) with update-grub, grub2-mkconfig or grubby (or proxmox-boot-tool where
-it keeps GRUB on several disks), or a plain ``/etc/kernel/cmdline``. A Proxmox
-host with both files boots from the one its running kernel came through: GRUB
-puts ``BOOT_IMAGE=`` on the command line, systemd-boot does not.
+Every check's boot-time parameters (``Remedy.boot_params``) end up here, merged into one
+edit of the boot configuration. Where the host keeps its command line is read with
+:mod:`auditor.checks.lib.bootloader`, which ``boot.cmdline`` shares (so the check that
+verifies a boot parameter and the fix that writes it agree on where it lives):
+
+- ``/etc/kernel/cmdline`` with proxmox-boot-tool (systemd-boot): a Proxmox host with both
+  files boots from the one its running kernel came through: GRUB puts ``BOOT_IMAGE=`` on the
+  command line, systemd-boot does not;
+- ``/etc/default/grub`` and ``/etc/default/grub.d/*.cfg``, expanded in order as
+  grub-mkconfig sources them: a parameter already set on some assignment is changed on that
+  line (the drop-in that sets it, not only the last one), a new one is added to the last
+  assignment of ``GRUB_CMDLINE_LINUX_DEFAULT``; then update-grub, grub2-mkconfig and grubby
+  (BLS entries), or proxmox-boot-tool where it keeps GRUB on several disks;
+- a plain ``/etc/kernel/cmdline`` (kernel-install, UKI builders).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 
+from auditor.checks.lib import bootloader
+from auditor.checks.lib.bootloader import (
+    GRUB_DEFAULT,
+    GRUB_DROP_INS,
+    KERNEL_CMDLINE,
+    PROXMOX_BOOT_UUIDS,
+    param_key,
+)
 from auditor.hosts.base import Host
-from auditor.parsing import kernel_cmdline_params
 from auditor.remediations.steps import AppendLine, Remedy, ReplaceLine, RunCommand, Step
 
-GRUB_DEFAULT = "/etc/default/grub"
-GRUB_DROP_INS = "/etc/default/grub.d/*.cfg"
-KERNEL_CMDLINE = "/etc/kernel/cmdline"
-PROXMOX_BOOT_UUIDS = "/etc/kernel/proxmox-boot-uuids"
+__all__ = ["BOOT_READS", "GRUB_DEFAULT", "GRUB_DROP_INS", "GRUB_VARIABLE", "KERNEL_CMDLINE",
+           "PROXMOX_BOOT_UUIDS", "boot_remedy", "merge_params"]
+
 GRUB_VARIABLE = "GRUB_CMDLINE_LINUX_DEFAULT"
 
 #: What planning a boot command line edit reads (every fix may need one).
 BOOT_READS: tuple[str, ...] = (GRUB_DEFAULT, GRUB_DROP_INS, KERNEL_CMDLINE, PROXMOX_BOOT_UUIDS,
                                "/proc/cmdline")
 
-_GRUB_LINE = re.compile(
-    r"^(?P<head>\s*(?:export\s+)?" + GRUB_VARIABLE + r"=)"
-    r"(?:(?P<q>[\"'])(?P<quoted>[^\"']*)(?P=q)|(?P<bare>[^\s\"'#;]*))(?P<tail>.*)$"
-)
-
-
 def merge_params(tokens: Sequence[str], params: Sequence[str]) -> list[str]:
     """Return command-line tokens with each ``key=value`` set, replacing another value of key."""
     merged = list(tokens)
     for param in params:
-        key = param.partition("=")[0]
-        hits = [i for i, tok in enumerate(merged) if tok.partition("=")[0] == key]
+        key = param_key(param)
+        hits = [i for i, tok in enumerate(merged) if param_key(tok) == key]
         if hits:
             for index in hits:
                 merged[index] = param
@@ -47,28 +54,38 @@ def merge_params(tokens: Sequence[str], params: Sequence[str]) -> list[str]:
     return merged
 
 
-def _family(os_release: Mapping[str, str]) -> str:
-    ids = {os_release.get("ID", ""), *os_release.get("ID_LIKE", "").split()}
-    if ids & {"debian", "ubuntu"}:
-        return "debian"
-    if ids & {"rhel", "fedora", "centos", "rocky", "almalinux", "ol"}:
-        return "rhel"
-    return ""
-
-
-def _grub_setter(host: Host) -> tuple[str, int, str, re.Match[str]] | None:
-    """Return the last assignment of the variable grub-mkconfig sees: (path, line, raw, match)."""
-    found: tuple[str, int, str, re.Match[str]] | None = None
-    for path in [GRUB_DEFAULT, *host.glob(GRUB_DROP_INS)]:
-        try:
-            text = host.read_text(path)
-        except OSError:
-            continue
-        for number, raw in enumerate(text.split("\n"), start=1):
-            match = _GRUB_LINE.match(raw)
-            if match:
-                found = (path, number, raw, match)
-    return found
+def _grub_steps(host: Host, params: Sequence[str]) -> tuple[list[Step], list[str], list[str]]:
+    """Return the edits of GRUB's defaults, the parameters that were new, and notes."""
+    shell = bootloader.expand_grub_defaults(host)
+    tokens = [t for name in bootloader.LINUX_VARIABLES for t in shell.variables.get(name, [])]
+    # (path, line) -> (variable assigned there, token replacements, tokens to append)
+    edits: dict[tuple[str, int], tuple[str, dict[str, list[str]], list[str]]] = {}
+    added: list[str] = []
+    for param in params:
+        hits = [t for t in tokens if t.key == param_key(param)]
+        if not hits:
+            added.append(param)
+        for token in hits:
+            if token.text != param:
+                where = (token.source.path, token.source.line)
+                edits.setdefault(where, (token.source.variable, {}, []))[1][token.text] = [param]
+    setter = shell.setters.get(GRUB_VARIABLE)
+    if added and setter is not None:
+        edits.setdefault((setter[0], setter[1]), (GRUB_VARIABLE, {}, []))[2].extend(added)
+    steps: list[Step] = []
+    notes: list[str] = []
+    for (path, line), (variable, changes, extra) in edits.items():
+        raw = bootloader.raw_line(host, path, line)
+        new = bootloader.rewrite_line(raw, variable, changes, extra) if raw is not None else None
+        if new is None:
+            wanted = [w for words in changes.values() for w in words] + extra
+            notes.append(f"{path}:{line} is not a plain assignment: set {' '.join(wanted)} "
+                         "there by hand")
+        elif new != raw:
+            steps.append(ReplaceLine(host.resolve(path), line, raw or "", new))
+    if added and setter is None:
+        steps.append(AppendLine(GRUB_DEFAULT, f'{GRUB_VARIABLE}="{" ".join(added)}"'))
+    return steps, added, notes
 
 
 def boot_remedy(host: Host, params: Sequence[str], os_release: Mapping[str, str]) -> Remedy:
@@ -77,47 +94,34 @@ def boot_remedy(host: Host, params: Sequence[str], os_release: Mapping[str, str]
     title = "kernel parameters " + " ".join(params)
     steps: list[Step] = []
     notes: list[str] = []
-    family = _family(os_release)
+    family = bootloader.family(os_release)
     proxmox = host.exists(PROXMOX_BOOT_UUIDS)
-    grub_booted = "BOOT_IMAGE" in kernel_cmdline_params(host.read_optional("/proc/cmdline") or "")
-    if proxmox and host.exists(KERNEL_CMDLINE) and not (grub_booted
-                                                         and host.exists(GRUB_DEFAULT)):
+    if bootloader.uses_proxmox_boot_tool(host):
         steps += _cmdline_file(host, params)
         if steps:
             steps.append(RunCommand(("proxmox-boot-tool", "refresh"), after=(0,),
                                     undo=("proxmox-boot-tool", "refresh")))
     elif host.exists(GRUB_DEFAULT):
-        setter = _grub_setter(host)
-        if setter is None:
-            steps.append(AppendLine(GRUB_DEFAULT, f'{GRUB_VARIABLE}="{" ".join(params)}"'))
-            current: list[str] = []
-        else:
-            path, number, raw, match = setter
-            quote = match.group("q") or '"'
-            current = (match.group("quoted") if match.group("q") else match.group("bare")).split()
-            merged = merge_params(current, params)
-            if merged != current:
-                new = f"{match.group('head')}{quote}{' '.join(merged)}{quote}{match.group('tail')}"
-                steps.append(ReplaceLine(host.resolve(path), number, raw, new))
+        steps, added, notes = _grub_steps(host, params)
         if steps:
+            after = tuple(range(len(steps)))
             if family == "rhel":
-                added = [p for p in params if p.partition("=")[0] not in
-                         {t.partition("=")[0] for t in current}]
                 steps.append(RunCommand(("grub2-mkconfig", "-o", "/boot/grub2/grub.cfg"),
-                                        after=(0,), undo=("grub2-mkconfig", "-o",
-                                                          "/boot/grub2/grub.cfg")))
+                                        after=after, undo=("grub2-mkconfig", "-o",
+                                                           "/boot/grub2/grub.cfg")))
                 steps.append(RunCommand(
-                    ("grubby", "--update-kernel=ALL", "--args=" + " ".join(params)), after=(0,),
+                    ("grubby", "--update-kernel=ALL", "--args=" + " ".join(params)),
+                    after=after,
                     undo=("grubby", "--update-kernel=ALL", "--remove-args=" + " ".join(added))
                     if added else (),
                     optional=True,
                 ))
             elif proxmox:
                 # proxmox-boot-tool runs update-grub and copies the result to every ESP.
-                steps.append(RunCommand(("proxmox-boot-tool", "refresh"), after=(0,),
+                steps.append(RunCommand(("proxmox-boot-tool", "refresh"), after=after,
                                         undo=("proxmox-boot-tool", "refresh")))
             else:
-                steps.append(RunCommand(("update-grub",), after=(0,), undo=("update-grub",)))
+                steps.append(RunCommand(("update-grub",), after=after, undo=("update-grub",)))
                 if family != "debian":
                     notes.append("update-grub is the Debian name: regenerate grub.cfg with "
                                  "this distribution's tool if it is missing")
@@ -129,12 +133,16 @@ def boot_remedy(host: Host, params: Sequence[str], os_release: Mapping[str, str]
     else:
         notes.append("no /etc/default/grub or /etc/kernel/cmdline found: add "
                      + " ".join(params) + " to the boot loader's kernel command line by hand")
+    if steps:
+        notes.append("the parameters take effect at the next boot; until then boot.cmdline "
+                     "reports them as pending a reboot")
     return Remedy(
         check="boot",
         subject="cmdline",
         title=title,
         persistent=tuple(steps),
         notes=tuple(notes),
+        reboot=bool(steps),
     )
 
 

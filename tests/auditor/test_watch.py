@@ -35,17 +35,21 @@ AUDIT = str(Path(sys.executable).with_name("audit"))
 
 
 #: The checks of PCI devices and the paths between them: a PCI event re-runs them.
-PCI_CHECKS = {"pcie.mrrs", "pcie.acs", "pcie.aspm", "iommu.mode", "numa.placement"}
+PCI_CHECKS = {"pcie.mrrs", "pcie.acs", "pcie.aspm", "iommu.mode", "numa.placement",
+              "nvidia.fabricmanager", "rdma.peermem"}
+#: The checks of the NVIDIA driver: a module event or a GPU bound re-runs them.
+DRIVER_CHECKS = {"kernel.version", "nvidia.uvm_hmm", "nvidia.modparams", "nvidia.driver",
+                 "nvidia.persistence", "nvidia.fabricmanager", "rdma.peermem", "container.cdi"}
 
 
 def test_pci_events_rerun_mrrs_and_nvidia_events_rerun_driver_checks() -> None:
     assert affected_checks(DeviceEvent("change", "pci", "0000:00:03.0")) == PCI_CHECKS
     gpu_bind = DeviceEvent("bind", "pci", "0000:41:00.0", driver="nvidia", vendor="0x10de")
-    assert affected_checks(gpu_bind) == {*PCI_CHECKS, "lxc.device_majors", "kernel.version"}
+    assert affected_checks(gpu_bind) == {*PCI_CHECKS, "lxc.device_majors", *DRIVER_CHECKS}
     module = DeviceEvent("add", "module", "nvidia_uvm")
-    assert affected_checks(module) == {"lxc.device_majors", "kernel.version"}
+    assert affected_checks(module) == {"lxc.device_majors", *DRIVER_CHECKS}
     node = DeviceEvent("add", "nvidia-caps", "nvidia-cap1", node="/dev/nvidia-caps/nvidia-cap1")
-    assert affected_checks(node) == {"lxc.device_majors"}
+    assert affected_checks(node) == {"lxc.device_majors", "container.cdi"}
     assert affected_checks(DeviceEvent("add", "module", "virtio_net")) == frozenset()
     assert affected_checks(DeviceEvent("change", "block", "vda")) == frozenset()
 

@@ -15,6 +15,7 @@ from auditor.checks.kernel_version import (
     nvidia_driver,
 )
 from auditor.cli import main
+from auditor.errors import PolicyError
 from auditor.hosts import DirectoryHost
 from auditor.model import Finding, Status
 from tests.support.recording import RecordingHost, undeclared
@@ -65,14 +66,76 @@ def test_h200_capture_passes_both_subjects(h200: Sysroot) -> None:
     assert "no Blackwell GPU" in driver.message
 
 
-def test_old_running_kernel_fails(h200: Sysroot) -> None:
-    h200.write("/proc/sys/kernel/osrelease", "6.8.0-45-generic\n")
-    h200.write("/etc/os-release", 'NAME="Ubuntu"\nID=ubuntu\nID_LIKE=debian\n')
+def test_old_vanilla_kernel_fails(h200: Sysroot) -> None:
+    h200.write("/proc/sys/kernel/osrelease", "6.8.5\n")
     kernel = run(h200)["kernel"]
     assert kernel.status is Status.FAIL
-    assert kernel.observed == "6.8.0-45-generic"
-    assert dict(kernel.evidence)["distro"] == "ubuntu"
-    assert "older than 6.14" in kernel.message
+    assert kernel.observed == "6.8.5"
+    assert "older than 6.14" in kernel.message and "upstream (vanilla)" in kernel.message
+    assert "installed_newer" not in dict(kernel.evidence)
+
+
+UBUNTU_2404 = 'NAME="Ubuntu"\nVERSION_ID="24.04"\nID=ubuntu\nID_LIKE=debian\n'
+
+
+@pytest.mark.parametrize(
+    ("release", "os_release", "status", "words"),
+    [
+        # Ubuntu's GA kernel of its release is current whatever its upstream number.
+        ("6.8.0-45-generic", UBUNTU_2404, Status.PASS, "GA kernel series of Ubuntu 24.04"),
+        ("6.17.0-8-generic", UBUNTU_2404, Status.PASS, "current HWE"),
+        ("6.11.0-29-generic", UBUNTU_2404, Status.WARN, "superseded HWE series"),
+        # Vendor lines: -nvidia, -nvidia-64k and cloud kernels are Canonical's to keep current.
+        ("6.8.0-1017-nvidia", UBUNTU_2404, Status.PASS, "Canonical maintains (nvidia)"),
+        ("6.8.0-1017-nvidia-64k", UBUNTU_2404, Status.PASS, "(nvidia-64k)"),
+        ("6.8.0-1021-aws", UBUNTU_2404, Status.PASS, "(aws)"),
+        # RHEL's streams follow the release's minor version.
+        ("5.14.0-570.23.1.el9_6.x86_64", 'ID="rocky"\nID_LIKE="rhel"\nVERSION_ID="9.6"\n',
+         Status.PASS, "el9 kernel stream of release 9.6"),
+        ("5.14.0-427.13.1.el9_4.x86_64", 'ID="rocky"\nID_LIKE="rhel"\nVERSION_ID="9.6"\n',
+         Status.WARN, "older than the release"),
+        # Debian's stable kernel of its release, and backports.
+        ("6.1.0-28-amd64", 'ID=debian\nVERSION_ID="12"\nVERSION_CODENAME=bookworm\n',
+         Status.PASS, "kernel series of Debian bookworm"),
+        ("6.12.12+bpo-amd64", 'ID=debian\nVERSION_ID="12"\nVERSION_CODENAME=bookworm\n',
+         Status.PASS, "backports"),
+        # The minimum applies to the Proxmox line and vanilla kernels.
+        ("6.8.12-4-pve", 'ID=debian\nVERSION_CODENAME=bookworm\n', Status.FAIL,
+         "Proxmox VE kernel 6.8"),
+    ],
+)
+def test_kernels_are_judged_by_their_line(h200: Sysroot, release: str, os_release: str,
+                                          status: Status, words: str) -> None:
+    h200.write("/proc/sys/kernel/osrelease", release + "\n")
+    h200.write("/etc/os-release", os_release)
+    kernel = run(h200)["kernel"]
+    assert kernel.status is status, kernel.message
+    assert words in kernel.message
+
+
+def test_a_policy_sets_a_minimum_per_line(h200: Sysroot) -> None:
+    h200.write("/proc/sys/kernel/osrelease", "6.8.0-1017-nvidia\n")
+    h200.write("/etc/os-release", UBUNTU_2404)
+    kernel = run(h200, line_minimums=("ubuntu-nvidia=6.11",))["kernel"]
+    assert kernel.status is Status.FAIL and "older than 6.11" in kernel.message
+    assert run(h200, line_minimums=("ubuntu-generic=6.11",))["kernel"].status is Status.PASS
+    with pytest.raises(PolicyError, match="LINE=VERSION"):
+        KernelVersion.configured(line_minimums=("6.11",))
+
+
+def test_a_newer_kernel_of_another_line_is_not_the_pending_one(h200: Sysroot) -> None:
+    """A generic kernel on an -nvidia host is no upgrade: GRUB would boot it, and says so."""
+    h200.write("/proc/sys/kernel/osrelease", "6.8.0-1017-nvidia\n")
+    h200.write("/etc/os-release", UBUNTU_2404)
+    install(h200, "6.8.0-1017-nvidia", "6.8.0-1020-nvidia")
+    kernel = run(h200)["kernel"]
+    assert kernel.status is Status.WARN and "reboot pending" in kernel.message
+    assert dict(kernel.evidence)["installed_newer"] == "6.8.0-1020-nvidia"
+    h200.remove("/boot/vmlinuz-6.8.0-1020-nvidia")
+    install(h200, "6.8.0-2000-generic")
+    kernel = run(h200)["kernel"]
+    assert kernel.status is Status.WARN
+    assert "another line" in kernel.message and "6.8.0-2000-generic" in kernel.message
     assert "installed_newer" not in dict(kernel.evidence)
 
 
@@ -82,9 +145,9 @@ def test_old_running_kernel_fails(h200: Sysroot) -> None:
         ("6.14.0-1-pve", "6.14", Status.PASS),
         ("6.14", "6.14", Status.PASS),
         ("6.13.12", "6.14", Status.FAIL),
-        ("6.14.0-24-generic", "6.14.1", Status.FAIL),
+        ("6.14.0", "6.14.1", Status.FAIL),
         ("6.100.0", "6.14", Status.PASS),  # compared as numbers, not strings
-        ("5.14.0-503.11.1.el9_5.x86_64", "6.14", Status.FAIL),
+        ("6.13.12-1-pve", "6.14", Status.FAIL),
     ],
 )
 def test_minimum_comparison(h200: Sysroot, release: str, minimum: str, status: Status) -> None:

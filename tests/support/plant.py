@@ -134,13 +134,13 @@ def plant_lxc(root: Sysroot, path: str = "/etc/pve/lxc/101.conf", container: str
 
 
 def plant_old_kernel(root: Sysroot) -> list[Finding]:
-    """A Debian 12 kernel older than the policy's minimum."""
-    root.write("/proc/sys/kernel/osrelease", "6.1.0-28-amd64\n")
-    root.write("/proc/version", "Linux version 6.1.0-28-amd64 (debian-kernel@lists.debian.org)"
-               " #1 SMP PREEMPT_DYNAMIC Debian 6.1.119-1 (2024-11-22)\n")
+    """A Proxmox VE 6.8 kernel, older than the policy's minimum for the Proxmox line."""
+    root.write("/proc/sys/kernel/osrelease", "6.8.12-4-pve\n")
+    root.write("/proc/version", "Linux version 6.8.12-4-pve (build@proxmox) (gcc 12.2.0)"
+               " #1 SMP PREEMPT_DYNAMIC PMX 6.8.12-4 (2024-11-06T15:04Z)\n")
     return [finding("kernel.version", "kernel", {
-        "running": "6.1.0-28-amd64", "minimum": "6.8", "distro": "debian"},
-        observed="6.1.0-28-amd64", expected=">= 6.8")]
+        "running": "6.8.12-4-pve", "minimum": "6.14", "distro": "debian", "line": "pve"},
+        observed="6.8.12-4-pve", expected=">= 6.14")]
 
 
 GRUB = """\

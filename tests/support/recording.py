@@ -34,7 +34,12 @@ class RecordingHost(DirectoryHost):
 
 
 def matches_pattern(path: str, pattern: str) -> bool:
-    """Return whether a path matches a ``reads`` pattern, component by component."""
+    """Return whether a path matches a ``reads`` pattern, component by component.
+
+    A glob asked with the declared pattern itself (``/dev/nvidia[0-9]*``) is declared too.
+    """
+    if path == pattern:
+        return True
     parts, wanted = path.strip("/").split("/"), pattern.strip("/").split("/")
     return len(parts) == len(wanted) and all(
         fnmatch.fnmatchcase(p, w) for p, w in zip(parts, wanted, strict=True)

@@ -1,20 +1,50 @@
-"""kernel.version: current kernel and open driver, an old kernel, a pending reboot."""
+"""kernel.version: kernels judged by their line, a pending reboot, the GPU driver's module at the
+next boot (DKMS, precompiled, AMD), a container."""
 
 from auditor.model import Status
 from tests.support.cases import Case
-from tests.support.plant import plant_old_kernel
+from tests.support.hostgen.nvidia import DriverSpec, driver_host
 from tests.support.sysroot import Sysroot
+
+NEXT = "6.8.0-50-generic"
+HWE = "6.14.0-37-generic"
 
 CHECK = "kernel.version"
 
 
 def reboot_pending(root: Sysroot) -> None:
     root.write("/boot/vmlinuz-6.19.2", "")
-    root.write("/lib/modules/6.19.2/modules.dep", "")
+    root.write("/lib/modules/6.19.2/modules.dep", "updates/dkms/nvidia.ko.xz:\n")
+
+
+def old_vanilla(root: Sysroot) -> None:
+    root.write("/proc/sys/kernel/osrelease", "6.1.55\n")
+
+
+def container(root: Sysroot) -> None:
+    root.write("/run/systemd/container", "lxc\n")
 
 
 CASES = [
     Case("6.18 with the open 580 driver", Status.PASS),
-    Case("Debian 12's 6.1 kernel", Status.FAIL, plant_old_kernel),
+    Case("a vanilla 6.1 kernel", Status.FAIL, old_vanilla),
     Case("a newer kernel waits for a reboot", Status.WARN, reboot_pending),
+    Case("Ubuntu 24.04 GA kernel, DKMS module for it", Status.PASS, base=driver_host()),
+    Case("the next kernel has no nvidia module: the reboot loses the GPUs", Status.FAIL,
+         base=driver_host(DriverSpec(installed=(NEXT,), without_module=(NEXT,)))),
+    Case("the next kernel's DKMS module is of another version", Status.FAIL,
+         base=driver_host(DriverSpec(installed=(NEXT,), dkms_version={NEXT: "575.64.05"}))),
+    Case("a newer kernel, its precompiled module installed, waits for a reboot", Status.WARN,
+         base=driver_host(DriverSpec(installed=(NEXT,), module_origin="precompiled"))),
+    Case("precompiled module missing for the next kernel", Status.FAIL,
+         base=driver_host(DriverSpec(installed=(NEXT,), module_origin="precompiled",
+                                     without_module=(NEXT,)))),
+    Case("an -nvidia node whose next boot would start a generic kernel", Status.WARN,
+         base=driver_host(DriverSpec(running="6.8.0-1017-nvidia", installed=(HWE,)))),
+    Case("MI300X node, amdgpu in the next kernel", Status.PASS,
+         base=driver_host(DriverSpec(gpus=0, uvm_disable_hmm=None, userspace="", amd_gpus=8))),
+    Case("MI300X node, the next kernel without linux-modules-extra", Status.FAIL,
+         base=driver_host(DriverSpec(gpus=0, uvm_disable_hmm=None, userspace="", amd_gpus=8,
+                                     installed=(NEXT,), without_amdgpu=(NEXT,)))),
+    Case("inside a container: the kernel is the host's", Status.SKIP, container),
 ]

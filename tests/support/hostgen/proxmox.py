@@ -119,7 +119,9 @@ def build_host(spec: HostSpec | None = None) -> Tree:
                  "root=/dev/mapper/pve-root ro quiet\n")
     for version in {running, "6.14.8-2-pve"}:
         tree.put(f"/boot/vmlinuz-{version}", b"\x7fELF")
-        tree.put(f"/lib/modules/{version}/modules.dep", "")
+        # The driver's module, built by DKMS for every installed kernel.
+        tree.put(f"/lib/modules/{version}/modules.dep",
+                 "updates/dkms/nvidia.ko:\nupdates/dkms/nvidia-uvm.ko: updates/dkms/nvidia.ko\n")
     if spec.boot == "systemd-boot":
         tree.put("/etc/kernel/cmdline", "root=ZFS=rpool/ROOT/pve-1 boot=zfs\n")
     tree.put("/etc/default/grub", 'GRUB_DEFAULT=0\nGRUB_CMDLINE_LINUX_DEFAULT="quiet"\n'

@@ -1,0 +1,165 @@
+"""nvidia.fabricmanager: on NVSwitch systems, fabric manager runs and matches the driver.
+
+On HGX/DGX baseboards the GPUs reach each other through NVSwitches that fabric manager
+(``nv-fabricmanager``) trains and registers; until it has, CUDA initialisation fails with
+"system not yet initialized" (802; wilicc/gpu-burn#133, DCGM's ``checkFabricManager``), and
+fabric manager refuses to run against a driver of another version (NVIDIA Fabric Manager
+User Guide: the versions must match exactly).
+
+NVSwitches are NVIDIA functions of class 0x0680, or ``/dev/nvidia-nvswitchN`` nodes
+(``/dev/nvidia-nvswitchctl`` alone exists on hosts without any). GB200 NVL72 compute trays
+see no local NVSwitch (the switches sit in their own trays): they are skipped.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from typing import ClassVar
+
+from auditor.check import Check, CheckOptions, Trigger
+from auditor.checks.lib import nvidia, packages, pci, units
+from auditor.environment import READS as ENVIRONMENT_READS
+from auditor.environment import environment
+from auditor.hosts.base import Host
+from auditor.model import Finding, Severity
+from auditor.remediations.steps import (
+    Advice,
+    FixContext,
+    MakeSymlink,
+    Remedy,
+    RunCommand,
+    evidence,
+)
+
+UNIT = "nvidia-fabricmanager.service"
+COMM = "nv-fabricmanager"
+PIDFILES = ("/run/nvidia-fabricmanager/nv-fabricmanager.pid",
+            "/var/run/nvidia-fabricmanager/nv-fabricmanager.pid")
+NVSWITCH_NODES = "/dev/nvidia-nvswitch[0-9]*"
+_PACKAGE = re.compile(r"nvidia-fabricmanager(?:-([0-9]{3,4}))?")
+_DEB_VERSION = re.compile(r"(?:[0-9]+:)?([0-9]{1,4}\.[0-9]{1,4}(?:\.[0-9]{1,4})?)")
+
+
+def package_version(host: Host) -> tuple[str, str] | None:
+    """Return (package, driver-style version) of the installed fabric manager package."""
+    for package in packages.dpkg_packages(host).installed("nvidia-fabricmanager"):
+        if _PACKAGE.fullmatch(package.name):
+            match = _DEB_VERSION.match(package.version)
+            if match:
+                return package.name, match.group(1)
+    return None
+
+
+class NvidiaFabricmanager(Check[CheckOptions]):
+    """NVSwitch systems need fabric manager at the driver's version, or CUDA cannot start."""
+
+    id: ClassVar[str] = "nvidia.fabricmanager"
+    severity: ClassVar[Severity] = Severity.CRITICAL
+    reads: ClassVar[tuple[str, ...]] = (
+        NVSWITCH_NODES,
+        *PIDFILES,
+        "/proc/[0-9]*/comm",
+        *units.reads(UNIT),
+        *packages.DPKG_READS,
+        *nvidia.DRIVER_READS,
+        nvidia.OPERATOR_ROOT,
+        *pci.DEVICE_READS,
+        *ENVIRONMENT_READS,
+    )
+    rationale: ClassVar[str] = (
+        "On NVSwitch baseboards (HGX/DGX A100, H100, H200, B200) fabric manager trains the "
+        "NVLink fabric and registers every GPU with it; until it has, CUDA fails with 'system "
+        "not yet initialized', and it will not run against a driver of another version."
+    )
+    remedy: ClassVar[str] = (
+        "Install the fabric manager package of exactly the driver's version, enable and start "
+        "nvidia-fabricmanager, and hold both packages so they upgrade together."
+    )
+    events: ClassVar[frozenset[Trigger]] = frozenset({Trigger.GPU_MODULE, Trigger.PCI})
+
+    def evaluate(self, host: Host) -> Iterable[Finding]:
+        yield self._judge(host)
+
+    def _judge(self, host: Host) -> Finding:
+        switches = nvidia.nvswitches(host)
+        nodes = host.glob(NVSWITCH_NODES)[:64]
+        ev: dict[str, str] = {"nvswitches": " ".join(s.address for s in switches),
+                              "nodes": " ".join(nodes)}
+        if not switches and not nodes:
+            return self.skipped("fabricmanager", "no NVSwitch (no NVIDIA function of class "
+                                "0x0680, no /dev/nvidia-nvswitchN): fabric manager is not "
+                                "needed", evidence=ev)
+        env = environment(host)
+        if env.in_container:
+            return self.skipped("fabricmanager", f"inside a {env.describe()}: fabric manager "
+                                "is the host's; audit the host", evidence=ev)
+        count = len(switches) or len(nodes)
+        driver = nvidia.loaded_driver(host)
+        pid = nvidia.find_process(host, COMM, PIDFILES)
+        unit = units.read_unit(host, UNIT)
+        installed = package_version(host)
+        operator = host.exists(nvidia.OPERATOR_ROOT)
+        ev.update(unit=unit.path, enabled_by=" ".join(unit.enabled_by), pid=pid or "",
+                  driver=driver.version if driver else "",
+                  package=f"{installed[0]} {installed[1]}" if installed else "")
+        if pid is None:
+            missing = "not installed" if not (unit.installed or installed or operator) else \
+                "not running"
+            return self.failed(
+                "fabricmanager", f"{count} NVSwitch(es) but fabric manager is {missing}: CUDA "
+                "initialisation fails with 'system not yet initialized' until it has trained "
+                "the fabric", observed=missing, expected="nv-fabricmanager running",
+                evidence=ev, fix=f"systemctl enable --now {UNIT.removesuffix('.service')}")
+        if driver is None:
+            return self.passed("fabricmanager", f"fabric manager runs (pid {pid}); no NVIDIA "
+                               "module is loaded to compare its version with", evidence=ev)
+        if installed is None:
+            where = ("the GPU Operator runs it in its driver container" if operator else
+                     "no dpkg package records it (RPM or runfile install)")
+            return self.passed(
+                "fabricmanager", f"fabric manager runs (pid {pid}) on {count} NVSwitch(es); its "
+                f"version cannot be read from files ({where}): compare nv-fabricmanager "
+                f"--version with driver {driver.version} by hand", evidence=ev)
+        name, version = installed
+        if version != driver.version:
+            return self.failed(
+                "fabricmanager", f"fabric manager {version} ({name}) runs against driver "
+                f"{driver.version}: the versions must match, or fabric manager exits and CUDA "
+                "cannot initialise", observed=version, expected=driver.version, evidence=ev,
+                fix=f"install {name} {driver.version} and restart it")
+        if not unit.enabled_by:
+            return self.warned(
+                "fabricmanager", f"fabric manager {version} runs (pid {pid}) but {UNIT} is not "
+                "enabled: after a reboot CUDA fails until someone starts it",
+                observed="not enabled", expected="enabled", evidence=ev)
+        return self.passed("fabricmanager", f"fabric manager {version} runs (pid {pid}) at the "
+                           f"driver's version on {count} NVSwitch(es)", evidence=ev)
+
+    def remediate(
+        self, host: Host, findings: Sequence[Finding], context: FixContext
+    ) -> list[Remedy]:
+        """Enable the unit where it is installed; say which package and version to install."""
+        remedies: list[Remedy] = []
+        unit = units.read_unit(host, UNIT)
+        for finding in findings:
+            ev = evidence(finding)
+            advice: list[Advice] = []
+            steps: list[MakeSymlink | RunCommand] = []
+            if unit.installed and not unit.enabled_by and "multi-user.target" in unit.wanted_by:
+                steps.append(MakeSymlink(
+                    f"/etc/systemd/system/multi-user.target.wants/{UNIT}", unit.path))
+                steps.append(RunCommand(("systemctl", "daemon-reload"), after=(0,),
+                                        undo=("systemctl", "daemon-reload"), optional=True))
+            driver = ev.get("driver", "")
+            package = ev.get("package", "").split()
+            if driver and (not package or package[1:] != [driver]):
+                name = package[0] if package else f"nvidia-fabricmanager-{driver.split('.')[0]}"
+                advice.append(Advice(f"install {name} at version {driver}, the driver's "
+                                     f"(apt-cache policy {name} lists the versions)",
+                                     ("apt-get", "install", name)))
+            advice.append(Advice("start it now", ("systemctl", "start", UNIT)))
+            remedies.append(Remedy(check=self.id, subject=finding.subject,
+                                   title="run fabric manager at the driver's version",
+                                   persistent=tuple(steps), advice=tuple(advice)))
+        return remedies

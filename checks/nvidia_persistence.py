@@ -1,0 +1,199 @@
+"""nvidia.persistence: the persistence daemon runs, keeps persistence on, and starts at boot.
+
+Without persistence the driver tears a GPU's state down when its last client exits; the next
+start of an inference server pays the re-initialisation, and NVML can wedge in containers.
+``nvidia-persistenced`` keeps every GPU initialised unless it runs with
+``--no-persistence-mode``, which some distribution units pass (it then only answers
+``nvidia-smi -pm`` requests). Ubuntu's unit has no [Install] section: a udev rule starts it
+when the nvidia module loads, so a missing ``.wants`` link is not "disabled" there.
+
+Read through the daemon's pid file: only that pid's ``comm`` (cut to 15 characters by the
+kernel: ``nvidia-persiste``) and ``cmdline``, never another process's. Where the command line
+was not collected, the unit's ExecStart says what it was started with. Legacy persistence
+(``nvidia-smi -pm 1`` without the daemon) cannot be seen in files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import ClassVar
+
+from auditor.check import Check, CheckOptions, Trigger
+from auditor.checks.lib import nvidia, pci, units
+from auditor.environment import READS as ENVIRONMENT_READS
+from auditor.environment import environment
+from auditor.hosts.base import Host
+from auditor.model import Finding, Severity
+from auditor.remediations.steps import (
+    Advice,
+    FixContext,
+    MakeSymlink,
+    Remedy,
+    RunCommand,
+    Step,
+    WriteFile,
+    evidence,
+)
+
+UNIT = "nvidia-persistenced.service"
+PIDFILES = ("/run/nvidia-persistenced/nvidia-persistenced.pid",
+            "/var/run/nvidia-persistenced/nvidia-persistenced.pid")
+COMM = "nvidia-persistenced"
+FLAG = "--no-persistence-mode"
+DROP_IN = f"/etc/systemd/system/{UNIT}.d/host-auditor-persistence.conf"
+
+
+def drop_in_text(argv: Sequence[str]) -> str:
+    """Return a drop-in that restarts the daemon's ExecStart without ``--no-persistence-mode``."""
+    import shlex
+
+    kept = [a for a in argv if a != FLAG]
+    return ("# Written by host-auditor: keep persistence mode on.\n[Service]\nExecStart=\n"
+            f"ExecStart={shlex.join(kept)}\n")
+
+
+class NvidiaPersistence(Check[CheckOptions]):
+    """nvidia-persistenced must run with persistence on, or GPUs re-initialise between jobs."""
+
+    id: ClassVar[str] = "nvidia.persistence"
+    severity: ClassVar[Severity] = Severity.LOW
+    reads: ClassVar[tuple[str, ...]] = (
+        *PIDFILES,
+        "/proc/[0-9]*/comm",
+        "/proc/[0-9]*/cmdline",
+        *units.reads(UNIT),
+        *units.UNIT_DIRS,
+        "/run",
+        *units.UDEV_RULES,
+        *nvidia.DRIVER_READS,
+        *pci.DEVICE_READS,
+        *ENVIRONMENT_READS,
+    )
+    rationale: ClassVar[str] = (
+        "Without persistence the driver deinitialises a GPU when its last client exits: the "
+        "next inference server start pays seconds of re-initialisation, and NVML in "
+        "containers can hang ('Unknown Error'). DCGM flags it (DCGM_FR_PERSISTENCE_MODE); "
+        "nvidia-persistenced keeps every GPU initialised unless it runs with "
+        "--no-persistence-mode."
+    )
+    remedy: ClassVar[str] = (
+        "Run nvidia-persistenced without --no-persistence-mode (a systemd drop-in that "
+        "resets ExecStart), started at boot (its unit enabled, or the driver's udev rule); "
+        "nvidia-smi -pm 1 turns persistence on until the next reboot."
+    )
+    events: ClassVar[frozenset[Trigger]] = frozenset({Trigger.GPU_MODULE})
+
+    def evaluate(self, host: Host) -> Iterable[Finding]:
+        yield self._judge(host)
+
+    def _judge(self, host: Host) -> Finding:
+        env = environment(host)
+        if env.in_container:
+            return self.skipped(COMM, f"inside a {env.describe()}: persistence is the host's "
+                                "(the driver often reports it off inside containers); audit "
+                                "the host")
+        gpus = [g for g in nvidia.gpus(host) if g.driver not in nvidia.PASSTHROUGH_DRIVERS]
+        driver = nvidia.loaded_driver(host)
+        if driver is None and not gpus:
+            return self.skipped(COMM, "no NVIDIA driver loaded and no NVIDIA GPU")
+        unit = units.read_unit(host, UNIT)
+        process = next((p for p in (nvidia.daemon(host, f, COMM) for f in PIDFILES) if p), None)
+        udev = units.udev_starts(host, UNIT)
+        ev: dict[str, str] = {"unit": unit.path, "exec_start": " ".join(unit.exec_start),
+                              "exec_start_at": unit.exec_start_at,
+                              "enabled_by": " ".join(unit.enabled_by), "udev_rule": udev}
+        at_boot = bool(unit.enabled_by or udev)
+        if process is None:
+            if not unit.installed and not host.exists("/run") and not any(
+                    host.exists(d) for d in units.UNIT_DIRS):
+                return self.skipped(
+                    COMM, "neither /run nor a systemd unit directory was read (a capture "
+                    "without them): whether nvidia-persistenced runs cannot be told",
+                    evidence=ev)
+            if not unit.installed:
+                return self.warned(
+                    COMM, "nvidia-persistenced is not running and not installed: GPUs "
+                    "deinitialise when their last client exits (legacy nvidia-smi -pm 1 "
+                    "cannot be confirmed from files)", observed="not installed",
+                    expected="running", evidence=ev)
+            return self.warned(
+                COMM, "nvidia-persistenced is not running"
+                + ("" if at_boot else " and nothing starts it at boot")
+                + ": GPUs deinitialise when their last client exits (legacy nvidia-smi -pm 1 "
+                "cannot be confirmed from files)", observed="not running", expected="running",
+                evidence=ev)
+        ev["pid"] = process.pid
+        if process.argv is not None:
+            argv, source = process.argv, f"/proc/{process.pid}/cmdline"
+        else:
+            argv, source = unit.exec_start, f"{unit.exec_start_at} (its command line was not "\
+                "collected)"
+        ev["argv"] = " ".join(argv)[:1024]
+        ev["argv_from"] = source
+        if FLAG in argv and process.argv is not None and unit.exec_start and \
+                FLAG not in unit.exec_start:
+            return self.warned(
+                COMM, f"nvidia-persistenced runs with {FLAG} ({source}), which "
+                f"{unit.exec_start_at} no longer passes: restart it (systemctl restart "
+                f"{UNIT}) to keep the GPUs initialised", observed=FLAG,
+                expected="persistence mode on", evidence=ev,
+                fix=f"systemctl restart {UNIT}")
+        if FLAG in argv:
+            return self.warned(
+                COMM, f"nvidia-persistenced runs with {FLAG} ({source}): it keeps no GPU "
+                "initialised, so GPUs deinitialise between jobs",
+                observed=FLAG, expected="persistence mode on", evidence=ev,
+                fix="a drop-in that resets ExecStart without the flag; nvidia-smi -pm 1 now")
+        if not at_boot:
+            return self.warned(
+                COMM, "nvidia-persistenced runs now, but neither an enabled unit nor a udev "
+                "rule starts it at boot", observed="not enabled", expected="started at boot",
+                evidence=ev)
+        return self.passed(
+            COMM, f"nvidia-persistenced runs (pid {process.pid}) with persistence on, started "
+            f"at boot by {'the udev rule ' + udev if udev else ', '.join(unit.enabled_by)}",
+            observed="running", evidence=ev)
+
+    # -- the fix ------------------------------------------------------------------------------
+
+    def remediate(
+        self, host: Host, findings: Sequence[Finding], context: FixContext
+    ) -> list[Remedy]:
+        """Drop --no-persistence-mode with a drop-in; enable the unit where it can be enabled."""
+        remedies: list[Remedy] = []
+        unit = units.read_unit(host, UNIT)
+        for finding in findings:
+            ev = evidence(finding)
+            steps: list[Step] = []
+            advice: list[Advice] = []
+            notes: list[str] = []
+            argv = unit.exec_start
+            if FLAG in argv or FLAG in ev.get("argv", "").split():
+                if not argv:
+                    argv = tuple(ev.get("argv", "").split())
+                steps.append(WriteFile(DROP_IN, drop_in_text(argv)))
+            if unit.installed and not unit.enabled_by and "multi-user.target" in unit.wanted_by \
+                    and not ev.get("udev_rule"):
+                steps.append(MakeSymlink(
+                    f"/etc/systemd/system/multi-user.target.wants/{UNIT}", unit.path))
+            if steps:
+                steps.append(RunCommand(("systemctl", "daemon-reload"),
+                                        after=tuple(range(len(steps))),
+                                        undo=("systemctl", "daemon-reload"), optional=True))
+            if not unit.installed:
+                advice.append(Advice("install the driver's nvidia-persistenced (the "
+                                     "nvidia-compute-utils package on Ubuntu)"))
+            else:
+                advice.append(Advice("restart the daemon with the new settings",
+                                     ("systemctl", "restart", UNIT)))
+            advice.append(Advice("or turn persistence on until the next reboot",
+                                 ("nvidia-smi", "-pm", "1")))
+            if unit.installed and not unit.wanted_by and not ev.get("udev_rule"):
+                notes.append(f"{UNIT} has no [Install] section and no udev rule starts it: "
+                             "start it from the driver's udev rule or a unit of your own")
+            remedies.append(Remedy(
+                check=self.id, subject=finding.subject,
+                title="run nvidia-persistenced with persistence mode on",
+                persistent=tuple(steps), advice=tuple(advice), notes=tuple(notes),
+            ))
+        return remedies
