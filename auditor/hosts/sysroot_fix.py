@@ -53,10 +53,12 @@ MAX_FILE = 16 << 20
 #: The most bytes of the guard files read (/etc/hostname, /etc/machine-id).
 MAX_GUARD = 64 << 10
 _PCI_ADDRESS = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]\Z")
-_REGISTER = re.compile(r"(?:CAP_([A-Z]+)\+)?([0-9a-fA-F]{1,3})\.([bwl])\Z")
+_REGISTER = re.compile(r"(?:(E?CAP)_([A-Z]+)\+)?([0-9a-fA-F]{1,3})\.([bwl])\Z")
 _HEX = re.compile(r"[0-9a-fA-F]{1,8}\Z")
 #: PCI capability ids setpci knows by name (pciutils lib/header.h), those a fix may use.
 _CAPABILITIES = {"PM": 0x01, "MSI": 0x05, "EXP": 0x10, "MSIX": 0x11}
+#: Extended capability ids setpci knows by name (``ECAP_...``), those a fix may use.
+_EXTENDED = {"AER": 0x0001, "ACS": 0x000D, "REBAR": 0x0015}
 _WIDTHS = {"b": 1, "w": 2, "l": 4}
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
@@ -398,18 +400,41 @@ def capability_offset(config, cap_id):
     return None
 
 
+def extended_capability_offset(config, cap_id):
+    # type: (bytes, int) -> Optional[int]
+    """Return where extended capability ``cap_id`` starts (pciutils' walk from 0x100)."""
+    where = 0x100
+    seen = set()
+    while where and where not in seen and where + 4 <= len(config) and len(seen) < 1024:
+        seen.add(where)
+        header = int.from_bytes(config[where:where + 4], "little")
+        if header in (0, 0xFFFFFFFF):
+            return None
+        if header & 0xFFFF == cap_id:
+            return where
+        where = (header >> 20) & 0xFFC
+        if where and where < 0x100:
+            return None
+    return None
+
+
 def register_span(config, register):
     # type: (bytes, str) -> Tuple[int, int]
-    """Return (offset, width) of a setpci register name such as ``CAP_EXP+08.w``."""
+    """Return (offset, width) of a setpci register name: ``CAP_EXP+08.w``, ``ECAP_ACS+06.w``."""
     match = _REGISTER.match(register)
-    if match is None or (match.group(1) and match.group(1) not in _CAPABILITIES):
+    table = _EXTENDED if match is not None and match.group(1) == "ECAP" else _CAPABILITIES
+    if match is None or (match.group(2) and match.group(2) not in table):
         raise StepFailed("register %s is not one this fix knows" % show(register))
-    offset = int(match.group(2), 16)
-    width = _WIDTHS[match.group(3)]
-    if match.group(1):
-        base = capability_offset(config, _CAPABILITIES[match.group(1)])
+    offset = int(match.group(3), 16)
+    width = _WIDTHS[match.group(4)]
+    if match.group(2):
+        if match.group(1) == "ECAP":
+            base = extended_capability_offset(config, table[match.group(2)])
+        else:
+            base = capability_offset(config, table[match.group(2)])
         if base is None:
-            raise StepFailed("no CAP_%s capability in config space" % match.group(1))
+            raise StepFailed("no %s_%s capability in config space"
+                             % (match.group(1), match.group(2)))
         offset += base
     if offset + width > len(config):
         raise StepFailed("register %s lies past the config space read" % show(register))

@@ -76,12 +76,14 @@ def test_thousands_of_connections_from_many_threads_see_no_error(
 
     def build(index: int) -> None:
         alias = f"gpu-{index % 50:03d}"
-        conn = SshHost(SshTarget(alias), options, context)._connection()
+        conn = SshHost(SshTarget(alias), options, context)._connection(options.timeout)
         # What connect() reads next: each value the ssh config gave this alias.
         assert conn.host == f"10.0.0.{index % 50}", conn.host
         assert int(conn.port) == 2200 + index % 50
         assert conn.user == "admin"  # the command line's user wins over the config's
-        assert conn.connect_timeout == 5
+        # The seconds left of the host's deadline, and the one second paramiko's own
+        # timers are given past it (the deadline's watchdog ends the connection first).
+        assert conn.connect_timeout == 6
         assert conn.connect_kwargs["transport_factory"] is not None
         if index % 5 == 0:
             assert conn.gateway.host == "10.99.0.1" and conn.gateway.user == "hop"

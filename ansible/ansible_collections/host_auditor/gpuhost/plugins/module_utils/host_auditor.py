@@ -168,7 +168,12 @@ def run(host, reaudit, params, check_mode=False, diff_mode=False):
     was, now = _statuses(report), _statuses(after)
     moved = sorted(key for key in set(was) | set(now)
                    if was.get(key, (None,))[0] != now.get(key, (None,))[0])
-    rollback = f"{plan.root}/var/lib/host-auditor/{plan.fix_id}/rollback.sh"
+    # Where the fix kept its rollback: for a sysroot, on the side of whoever ran it (never
+    # in the tree); the module runs there itself, the action plugin over the connection.
+    from auditor.cli.fix import kept_rollback
+    from auditor.hosts import DirectoryHost, LocalHost
+
+    rollback = kept_rollback(plan, local=isinstance(host, (DirectoryHost, LocalHost)))
     extra = {
         "changed": bool(moved),
         "fix": planned,

@@ -80,7 +80,7 @@ notes:
   - The checks read root-only files (PCI config space past 64 bytes); use O(ignore:become)
     for a full audit. Without it those checks report C(skip) with the reason.
   - The fix keeps its rollback on the target in C(/var/lib/host-auditor/FIX-ID/rollback.sh)
-    (under O(root) for a sysroot).
+    (for a sysroot, in C(/var/lib/host-auditor/sysroots/KEY/FIX-ID/), outside the tree).
 seealso:
   - name: host-auditor README
     description: The checks, the JSON report and the fix scripts.
