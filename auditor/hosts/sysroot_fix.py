@@ -39,7 +39,7 @@ import os
 import re
 import stat
 import sys
-from typing import Any, Dict, List, Optional, Tuple  # noqa: F401 - type comments
+from typing import Any, Dict, List, Optional, Set, Tuple  # noqa: F401 - type comments
 
 try:
     Tree  # sent to a remote host, this program follows treeio's source  # noqa: B018
@@ -404,7 +404,7 @@ def extended_capability_offset(config, cap_id):
     # type: (bytes, int) -> Optional[int]
     """Return where extended capability ``cap_id`` starts (pciutils' walk from 0x100)."""
     where = 0x100
-    seen = set()
+    seen = set()  # type: Set[int]
     while where and where not in seen and where + 4 <= len(config) and len(seen) < 1024:
         seen.add(where)
         header = int.from_bytes(config[where:where + 4], "little")
