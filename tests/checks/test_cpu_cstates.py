@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fnmatch
 import json
 from collections.abc import Iterable
 from pathlib import Path
@@ -17,6 +16,7 @@ from auditor.cli import main
 from auditor.hosts import DirectoryHost
 from auditor.hosts.archive import ArchiveHost
 from auditor.model import Finding, Status
+from tests.support.recording import RecordingHost, undeclared
 from tests.support.sysroot import Sysroot
 
 CPU = "/sys/devices/system/cpu"
@@ -290,27 +290,6 @@ def test_garbage_never_crashes(h200: Sysroot) -> None:
 # -- the seam contract, scale and the other ways in -----------------------------------------
 
 
-class RecordingHost(DirectoryHost):
-    """Record every path a check reads or lists."""
-
-    def __init__(self, root: str) -> None:
-        self.touched: list[str] = []
-        self.listed: list[str] = []
-        super().__init__(root, name="recorded")
-
-    def read_bytes(self, path: str, limit: int = 1 << 20) -> bytes:
-        self.touched.append(path)
-        return super().read_bytes(path, limit)
-
-    def listdir(self, path: str) -> list[str]:
-        self.listed.append(path)
-        return super().listdir(path)
-
-    def glob(self, pattern: str) -> list[str]:
-        self.listed.append(pattern)
-        return super().glob(pattern)
-
-
 def test_reads_declares_every_path_and_each_file_is_read_once(h200: Sysroot) -> None:
     cpus, states = 128, 8
     table = [("POLL", 0), *((f"C{i}", i * 25) for i in range(1, states))]
@@ -319,21 +298,18 @@ def test_reads_declares_every_path_and_each_file_is_read_once(h200: Sysroot) -> 
     found = list(CpuCstates().evaluate(host))
     assert sorted(fails(found)) == [f"C{i}" for i in range(1, states)]
     assert dict(fails(found)["C7"].evidence)["cpus"] == format_odd(cpus)
-    undeclared = [
-        p for p in host.touched if not any(fnmatch.fnmatch(p, r) for r in CpuCstates.reads)
-    ]
-    assert undeclared == []
-    assert len(host.touched) == len(set(host.touched))
+    assert undeclared(host.asked, CpuCstates.reads) == []
+    assert len(host.reads) == len(set(host.reads))
     # One listing of the CPU directory. Per CPU: each state's disable flag. Once: the
     # per-CPU driver name (absent here, so not read again), the driver's table (name,
     # one probe past the last state, latency), desc and residency per failing state,
     # the driver, the offline list, the command line and two module parameters.
-    assert host.listed == [CPU]
+    assert host.listings == [CPU]
     table_reads = (states + 1) + states + 2 * (states - 1)
     # Once each: where the audit runs (the environment's files) and tuned's active profile.
-    shared = [p for p in host.touched if p in (*where.READS, *tuned.READS)]
+    shared = [p for p in host.reads if p in (*where.READS, *tuned.READS)]
     assert len(shared) <= len(where.READS) + 1
-    assert len(host.touched) == cpus * states + 1 + table_reads + 5 + len(shared)
+    assert len(host.reads) == cpus * states + 1 + table_reads + 5 + len(shared)
 
 
 def format_odd(cpus: int) -> str:

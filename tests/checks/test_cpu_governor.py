@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import os
 import shutil
@@ -22,6 +21,7 @@ from auditor.hosts import DirectoryHost, LocalHost
 from auditor.hosts.archive import ArchiveHost
 from auditor.model import Finding, Status
 from auditor.parsing import format_cpulist
+from tests.support.recording import RecordingHost, undeclared
 from tests.support.sysroot import Sysroot
 
 CPUFREQ = "/sys/devices/system/cpu/cpufreq"
@@ -421,27 +421,6 @@ def test_parse_khz(text: str | None, expected: int | None) -> None:
 # -- the seam contract and the other ways in -------------------------------------------------
 
 
-class RecordingHost(DirectoryHost):
-    """Record every path a check reads, lists or probes."""
-
-    def __init__(self, root: str) -> None:
-        self.touched: list[str] = []
-        self.listed: list[str] = []
-        super().__init__(root, name="recorded")
-
-    def read_bytes(self, path: str, limit: int = 1 << 20) -> bytes:
-        self.touched.append(path)
-        return super().read_bytes(path, limit)
-
-    def exists(self, path: str) -> bool:
-        self.touched.append(path)
-        return super().exists(path)
-
-    def listdir(self, path: str) -> list[str]:
-        self.listed.append(path)
-        return super().listdir(path)
-
-
 def test_reads_declares_every_path_the_check_touches(h200: Sysroot) -> None:
     plant_policies(
         h200, range(8), driver="amd-pstate-epp", governor="powersave",
@@ -452,13 +431,11 @@ def test_reads_declares_every_path_the_check_touches(h200: Sysroot) -> None:
     h200.remove(f"{CPUFREQ}/policy1/affected_cpus")
     host = RecordingHost(str(h200.root))
     list(CpuGovernor().evaluate(host))
-    patterns = CpuGovernor.reads
-    undeclared = [p for p in host.touched if not any(fnmatch.fnmatch(p, r) for r in patterns)]
-    assert undeclared == []
-    assert f"{CPUFREQ}/policy1/related_cpus" in host.touched
+    assert undeclared(host.asked, CpuGovernor.reads) == []
+    assert f"{CPUFREQ}/policy1/related_cpus" in host.reads
     # Each file at most once, and one directory listing for any number of policies.
-    assert len(host.touched) == len(set(host.touched))
-    assert host.listed == [CPUFREQ]
+    assert len(host.reads) == len(set(host.reads))
+    assert host.listings == [CPUFREQ]
 
 
 def test_capture_archive_gives_the_same_findings(h200: Sysroot, tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ remediation alone.
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 from auditor.model import Finding, Severity, Status
 from tests.support.factories import make_finding
@@ -155,3 +156,9 @@ GRUB_CMDLINE_LINUX=""
 
 def plant_grub(root: Sysroot) -> None:
     root.write("/etc/default/grub", GRUB)
+
+
+def grub_line(root: Path) -> str:
+    """Return the GRUB_CMDLINE_LINUX_DEFAULT line of a sysroot's /etc/default/grub."""
+    lines = (root / "etc/default/grub").read_text().splitlines()
+    return next(line for line in lines if line.startswith("GRUB_CMDLINE_LINUX_DEFAULT="))

@@ -9,19 +9,34 @@ from auditor.hosts import DirectoryHost
 
 
 class RecordingHost(DirectoryHost):
-    """A sysroot host that records every path a check reads, lists or follows."""
+    """A sysroot host that records every path a check reads, lists or follows.
+
+    ``asked`` is every path and pattern, once; ``reads`` the files read and probed for
+    existence and ``listings`` the directories listed, in order and with repeats (a
+    check that reads a file twice, or lists a directory per CPU, shows there).
+    """
 
     def __init__(self, root: str) -> None:
         self.asked: set[str] = set()
+        self.reads: list[str] = []
+        self.listings: list[str] = []
         super().__init__(root)
         self.asked.clear()
+        self.reads.clear()
 
     def read_bytes(self, path: str, limit: int = 1 << 20) -> bytes:
         self.asked.add(path)
+        self.reads.append(path)
         return super().read_bytes(path, limit)
+
+    def exists(self, path: str) -> bool:
+        self.asked.add(path)
+        self.reads.append(path)
+        return super().exists(path)
 
     def listdir(self, path: str) -> list[str]:
         self.asked.add(path)
+        self.listings.append(path)
         return super().listdir(path)
 
     def readlink(self, path: str) -> str | None:
