@@ -45,6 +45,12 @@ DOCKERENV = "/.dockerenv"
 CONTAINERENV = "/run/.containerenv"
 INIT_CGROUP = "/proc/1/cgroup"
 UID_MAP = "/proc/1/uid_map"
+#: The PID namespace of pid 1 (readable as root) and of the reader (always readable).
+INIT_PID_NS = "/proc/1/ns/pid"
+SELF_PID_NS = "/proc/self/ns/pid"
+#: The initial PID namespace's inode: fixed by the kernel since 3.8
+#: (include/linux/proc_ns.h, PROC_PID_INIT_INO = 0xEFFFFFFC).
+INITIAL_PID_NS = "pid:[4026531836]"
 
 #: Every path :func:`environment` reads: a check that uses it lists these in ``reads``.
 READS: tuple[str, ...] = (
@@ -61,6 +67,8 @@ READS: tuple[str, ...] = (
     CONTAINERENV,
     INIT_CGROUP,
     UID_MAP,
+    INIT_PID_NS,
+    SELF_PID_NS,
 )
 
 #: DMI system vendors and products that hypervisors report (systemd's
@@ -214,6 +222,19 @@ def _container(host: Host, evidence: list[str]) -> tuple[str, bool]:
     if mapped:
         evidence.append("a user namespace that maps part of the UIDs")
         name = name or "unknown container"
+    # The markers above are files, and a root filesystem built from a container image
+    # keeps them when it boots as a VM or a host of its own (Firecracker, cloud images).
+    # A container shares its host's kernel and runs in a PID namespace of its own: the
+    # namespace decides where it can be read.
+    pid_ns = host.readlink(INIT_PID_NS) or host.readlink(SELF_PID_NS) or ""
+    if pid_ns.startswith("pid:["):
+        if pid_ns == INITIAL_PID_NS and name and not mapped:
+            evidence.append(f"but pid 1 runs in the kernel's initial PID namespace ({pid_ns}): "
+                            "the markers are leftovers of a container image, not a container")
+            return "", False
+        if pid_ns != INITIAL_PID_NS and not name:
+            evidence.append(f"a PID namespace of its own ({pid_ns[:40]})")
+            name = "unknown container"
     return name, mapped
 
 

@@ -166,6 +166,13 @@ for pattern in "$@"; do
     for path in "$@"; do
         if [ -e "$path" ] || [ -L "$path" ]; then
             path=${path#"$R"}
+            case $path in
+                /proc/self/*)
+                    # /proc/self names whichever process reads it (a readlink here):
+                    # walk this shell's own entry, recorded as the link python records.
+                    printf 'L/proc/self\0%s\0' "$$"
+                    path=/proc/$$/${path#/proc/self/} ;;
+            esac
             denied "$path" || walk "$path"
         fi
     done

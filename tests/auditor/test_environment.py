@@ -63,6 +63,30 @@ def test_evidence(files: dict[str, str], expected: str, tmp_path: Path) -> None:
     assert where(tree, tmp_path) == expected
 
 
+@pytest.mark.parametrize(("files", "links", "expected"), [
+    # A VM whose root filesystem was built from a container image (Firecracker, cloud
+    # images): the marker files are left over, the PID namespace is the kernel's own.
+    ({"/.dockerenv": "", "/run/systemd/container": "docker\n",
+      "/proc/cpuinfo": "vendor_id\t: GenuineIntel\nflags\t\t: fpu hypervisor\n"},
+     {"/proc/self/ns/pid": "pid:[4026531836]"}, "VM (unknown hypervisor)"),
+    ({"/.dockerenv": ""}, {"/proc/1/ns/pid": "pid:[4026531836]"}, "bare metal"),
+    # A real container: its own PID namespace, with or without a marker.
+    ({"/.dockerenv": ""}, {"/proc/1/ns/pid": "pid:[4026532301]"}, "container (docker)"),
+    ({}, {"/proc/self/ns/pid": "pid:[4026532301]"}, "container (unknown container)"),
+    # pid 1's namespace (readable as root) is the one that counts, not the reader's.
+    ({}, {"/proc/1/ns/pid": "pid:[4026531836]", "/proc/self/ns/pid": "pid:[4026532301]"},
+     "bare metal"),
+])
+def test_the_pid_namespace_decides_over_leftover_markers(
+    files: dict[str, str], links: dict[str, str], expected: str, tmp_path: Path
+) -> None:
+    tree = Tree()
+    for path, text in files.items():
+        tree.put(path, text)
+    tree.links.update(links)
+    assert where(tree, tmp_path) == expected
+
+
 def test_hostile_files_are_bounded(tmp_path: Path) -> None:
     tree = Tree()
     tree.put("/run/systemd/container", "$(reboot)\n" + "x" * 100_000)

@@ -81,7 +81,7 @@ def test_the_glued_token_fix_splits_it_and_asks_for_update_grub(tmp_path: Path) 
     report = audit(host, [BootCmdline], load_policy([BootCmdline]))
     plan = build_fix(host, report, [BootCmdline], load_policy([BootCmdline]))
     fix, _ = write_scripts(plan, tmp_path)
-    assert "# on the booted system, after this change: update-grub" in fix.read_text()
+    assert "then, on the booted system, run update-grub" in fix.read_text()
     copy = copy_tree(root, tmp_path / "copy")
     assert run(fix, copy).returncode == 0
     assert 'GRUB_CMDLINE_LINUX_DEFAULT="quiet console=ttyS0,115200n8 spectre_v2=off"' in (

@@ -35,7 +35,9 @@ PATTERNS = [*collected_paths(load_checks()), PCI_CONFIGS, "/proc/devices"]
 #: the files the kernel changes as time passes: the uptime, runtime PM time and state).
 VOLATILE = {"/proc/uptime", "/sys/bus/pci/devices/*/power/runtime_suspended_time",
             "/sys/bus/pci/devices/*/power/runtime_status"}
-STABLE_PATTERNS = [p for p in PATTERNS if not p.startswith("/proc/[0-9]") and p not in VOLATILE]
+# pid 1's entries differ by who reads them (its namespace links need ptrace access).
+STABLE_PATTERNS = [p for p in PATTERNS if not p.startswith(("/proc/[0-9]", "/proc/1/"))
+                   and p not in VOLATILE]
 
 
 def open_host(env: SshEnv, user: str = SUDO, target: str | None = None,
@@ -134,8 +136,14 @@ def test_host_without_python_uses_sh_and_reads_the_same(ssh_env: SshEnv) -> None
     from auditor.policy import load_policy
 
     policy = load_policy(checks, None, None)
-    found = [f.to_dict() for f in audit(python, checks, policy).findings]
-    assert [f.to_dict() for f in audit(shell, checks, policy).findings] == found
+    python_report, shell_report = audit(python, checks, policy), audit(shell, checks, policy)
+    found = [f.to_dict() for f in python_report.findings]
+    assert [f.to_dict() for f in shell_report.findings] == found
+    # /proc/self names whichever process reads it: both collectors record their own.
+    namespace = LocalHost().readlink("/proc/self/ns/pid")
+    assert python.readlink("/proc/self/ns/pid") == shell.readlink("/proc/self/ns/pid")
+    assert shell.readlink("/proc/self/ns/pid") == namespace
+    assert dict(shell_report.facts)["environment"] == dict(python_report.facts)["environment"]
 
 
 def test_unknown_host_key_is_refused(ssh_env: SshEnv, tmp_path: Path) -> None:

@@ -102,6 +102,8 @@ def build_container_audit(spec: ContainerAuditSpec | None = None) -> Tree:
         "/etc/sysctl.d/60-numa.conf": "kernel.numa_balancing = 0\n",
     }.items():
         tree.put(path, text)
+    # The container's own PID namespace (not the kernel's initial one, 4026531836).
+    tree.links["/proc/1/ns/pid"] = "pid:[4026532567]"
     tree.put("/proc/cpuinfo", epyc_cpuinfo(spec.cpus))
     cpu_tree(tree, spec.cpus, "acpi_idle", EPYC_STATES,
              frozenset() if spec.host_cc6 else frozenset({"C2"}))
