@@ -74,6 +74,8 @@ def write_capture(output: str, data: bytes) -> None:
 NEVER_KEPT = frozenset({"/etc/machine-id"})
 _PROCESS = re.compile(r"/proc/([0-9]+)(?:/|$)")
 _MAX_LINKS = 40
+#: What is kept of pid 1 and of the reader: the paths below /proc/PID.
+_PLACING = frozenset({"", "/ns", "/ns/pid", "/cgroup", "/uid_map"})
 
 
 @dataclass(frozen=True)
@@ -101,11 +103,20 @@ def rebuild(source: Host, patterns: Sequence[str], daemons: frozenset[str]) -> R
     processes = {m.group(1) for path in source.glob("/proc/[0-9]*/comm")
                  if (m := _PROCESS.match(path))
                  and (source.read_optional(path) or "") in daemons}
+    # Of pid 1 and of the reader (/proc/self), only what tells where the files were read
+    # (auditor.environment): their PID namespace, cgroup and UID map.
+    placing = {"1"}
+    self_link = source.lstat("/proc/self")
+    if self_link is not None and self_link.kind == "link" and self_link.target.isdigit():
+        placing.add(self_link.target)
+    placing -= processes
 
     def allowed(path: str, entry: Entry) -> bool:
         if denied(path) or path in NEVER_KEPT:
             return False
         pid = _PROCESS.match(path)
+        if pid is not None and pid.group(1) in placing:
+            return path[pid.end(1):] in _PLACING
         if pid is not None and pid.group(1) not in processes:
             return False
         if entry.kind in ("chr", "blk"):

@@ -285,7 +285,7 @@ def _read_userspace(host: Host) -> Userspace:
                 except OSError:
                     continue
                 match = _LIB_VERSION.fullmatch(resolved.rsplit("/", 1)[-1])
-                if match and host.exists(resolved):
+                if match and host.exists(link):  # the link followed: its target exists
                     libraries.append(Library(lib, match.group(2), resolved, label))
     searched = {*LIBRARY_DIRS, *extra}
     unsearched = tuple(d for d in configured if d not in searched and "/compat" not in d)
