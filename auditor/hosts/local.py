@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob as globlib
 import os
+import posixpath
 import signal
 import socket
 import stat
@@ -13,7 +15,7 @@ import tempfile
 from collections.abc import Callable
 
 from auditor.hosts.base import Entry, Host, HostKind, ScriptResult, clean_host_name
-from auditor.hosts.treeio import Tree
+from auditor.hosts.treeio import Tree, read_fd
 
 
 def _entry_from_stat(st: os.stat_result, target: Callable[[], str]) -> Entry:
@@ -31,10 +33,30 @@ def _entry_from_stat(st: os.stat_result, target: Callable[[], str]) -> Entry:
     return Entry("other")
 
 
+def _normal(path: str) -> str:
+    if path.startswith("/") and "//" not in path and "/." not in path and path[-1] != "/":
+        return path  # already normal: what checks ask for, almost always
+    if not path.startswith("/"):
+        path = "/" + path
+    return posixpath.normpath(path) if ".." not in path else path
+
+
 def _read_file(real: str | bytes, limit: int) -> bytes:
-    # sysfs files report a size of 4096 whatever they hold: read, never trust st_size.
-    with open(real, "rb", buffering=0) as handle:
-        return handle.read(limit)
+    """Read a file of this machine until EOF or ``limit`` (sysfs sizes lie: never trusted).
+
+    Opened without waiting (a FIFO where a file belongs does not hang the audit) and read
+    only when it is a regular file or a character device (the live machine's own).
+    """
+    fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISDIR(mode):
+            raise OSError(errno.EPERM, "not a regular file", os.fsdecode(real))
+        if stat.S_ISREG(mode):
+            os.set_blocking(fd, True)
+        return read_fd(fd, limit)
+    finally:
+        os.close(fd)
 
 
 #: How long ``--apply`` may run a fix script on this machine before it is stopped.
@@ -86,20 +108,70 @@ class DirectoryHost(Host):
         self.name = name or clean_host_name(self.read_optional("/etc/hostname")) \
             or os.path.basename(self.root)
 
+    def _split(self, path: str) -> tuple[bytes, bytes] | None:
+        """Return (directory, name) of a path, or None where it names no entry of its own."""
+        parent, _, name = self.names.raw(path).rpartition(b"/")
+        if name in (b"", b".", b".."):
+            return None
+        return parent or b"/", name
+
     def lstat(self, path: str) -> Entry | None:
         try:
             return self._cache[path]
         except KeyError:
             pass
-        raw = self.names.raw(path)
+        entry: Entry | None = None
+        split = self._split(path)
         try:
-            st = self.tree.lstat(raw)
-            entry: Entry | None = None if st is None else _entry_from_stat(
-                st, lambda: self.names.text(self.tree.readlink(raw)))
+            if split is None:
+                raw = self.names.raw(path)
+                st = self.tree.lstat(raw)
+                entry = None if st is None else _entry_from_stat(
+                    st, lambda: self.names.text(self.tree.readlink(raw)))
+            else:
+                # The directory is resolved once (inside the tree) for all its entries.
+                parent, name = split
+                dirfd = self.tree.hold(parent)
+                try:
+                    st = self.tree.lstat_at(dirfd, name)
+                    entry = None if st is None else _entry_from_stat(
+                        st, lambda: self.names.text(os.readlink(name, dir_fd=dirfd)))
+                finally:
+                    self.tree.release(parent)
         except OSError:
             entry = None
         self._cache[path] = entry
         return entry
+
+    def read_bytes(self, path: str, limit: int = 1 << 20) -> bytes:
+        """Read a regular file of the tree (``..`` and symlinks resolved inside it).
+
+        A directory read from a second time is kept open and its files are opened from it
+        (sysfs keeps a few files per directory: policyN, stateK); a file of a directory
+        met once is opened by its whole path, in one call.
+        """
+        split = self._split(_normal(path))
+        if split is not None:
+            parent, name = split
+            tree = self.tree
+            try:
+                if parent in tree.seen:
+                    dirfd = tree.hold(parent)
+                    try:
+                        data = tree.read_at(dirfd, name, limit)
+                    finally:
+                        tree.release(parent)
+                else:
+                    if len(tree.seen) > 65536:
+                        tree.seen.clear()
+                    tree.seen.add(parent)
+                    data = tree.read_in_root(parent + b"/" + name, limit)
+            except (FileNotFoundError, NotADirectoryError):
+                raise FileNotFoundError(path) from None
+            if data is not None:
+                return data
+        # A symlink where the file is named: resolved inside the tree, the slow way.
+        return super().read_bytes(path, limit)
 
     def _read_resolved(self, path: str, limit: int) -> bytes:
         return self.tree.read(self.names.raw(path), limit)
@@ -121,6 +193,7 @@ class LocalHost(Host):
 
     kind: HostKind = "local"
     target = "local"
+    blocking_reads = True
 
     def __init__(self) -> None:
         self.name = socket.gethostname()

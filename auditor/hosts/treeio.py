@@ -28,16 +28,24 @@ sysroot fix), so it imports only the standard library and keeps to what Python
 3.6 accepts.
 """
 
+import collections
 import errno
 import os
 import stat
+import threading
 import weakref
-from typing import List, Optional, Tuple  # noqa: F401 - type comments
+from typing import List, Optional, Set, Tuple  # noqa: F401 - type comments
 
 #: Symlinks followed in one path before giving up, as the kernel's limit (ELOOP).
 MAX_LINKS = 40
 #: Path components accepted in one path (a sysroot's deepest sysfs paths have ~15).
 MAX_COMPONENTS = 256
+#: Directories a tree keeps open (see :meth:`Tree.directory`): far below the usual limit
+#: of 1024 descriptors a process may hold.
+DIRECTORIES_KEPT = 256
+#: The first read of a file asks for this much: a sysfs or /proc attribute is one page,
+#: and asking for far more makes every read allocate (and free) a buffer that large.
+FIRST_READ = 1 << 16
 _O_PATH = getattr(os, "O_PATH", 0o10000000)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -109,6 +117,12 @@ def components(path):
     return parts
 
 
+def _close_tree(fd, dirs):
+    # type: (int, collections.OrderedDict[bytes, List[int]]) -> None
+    _close([fd] + [entry[0] for entry in dirs.values()])
+    dirs.clear()
+
+
 def _close(fds):
     # type: (List[int]) -> None
     for fd in fds:
@@ -130,12 +144,17 @@ class Tree:
         self.fd = os.open(root, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
         self.root = os.path.realpath(root)
         self.use_openat2 = use_openat2
-        # A tree nobody closed gives its descriptor back when it is collected.
-        self._finalizer = weakref.finalize(self, os.close, self.fd)
+        # Directories resolved once (path -> [descriptor, users]), least recently used first.
+        self._dirs = collections.OrderedDict()  # type: collections.OrderedDict[bytes, List[int]]
+        self._dirs_lock = threading.Lock()
+        # Directories read from once: a second read from one keeps it open (see read).
+        self.seen = set()  # type: Set[bytes]
+        # A tree nobody closed gives its descriptors back when it is collected.
+        self._finalizer = weakref.finalize(self, _close_tree, self.fd, self._dirs)
 
     def close(self):
         # type: () -> None
-        """Close the tree's root descriptor."""
+        """Close the tree's root descriptor and the directories it kept open."""
         self._finalizer()
         self.fd = -1
 
@@ -249,6 +268,136 @@ class Tree:
             raise OSError(errno.EINVAL, "no name to operate on", os.fsdecode(raw))
         fd = self.open(b"/".join(parts[:-1]), _O_PATH | _O_DIRECTORY)
         return fd, parts[-1]
+
+    def hold(self, path):
+        # type: (bytes) -> int
+        """Return an ``O_PATH`` descriptor of a directory of the tree, every symlink on the
+        way followed inside it (as :meth:`open`), for ``*at`` calls of names in it; give it
+        back with :meth:`release`.
+
+        Reading many files of one directory resolves it once: the descriptor is kept (the
+        last :data:`DIRECTORIES_KEPT` used), and one held is never closed. A directory
+        whose parent is kept is opened from it, one component with ``O_NOFOLLOW`` (a
+        symlink there, or ``..``, is resolved from the root instead). A name opened
+        relative to a held descriptor with ``O_NOFOLLOW`` cannot leave the tree: the
+        descriptor is the directory itself, whatever happens to the path that led to it.
+        """
+        with self._dirs_lock:
+            entry = self._dirs.get(path)
+            if entry is not None:
+                self._dirs.move_to_end(path)
+                entry[1] += 1
+                return entry[0]
+        fd = self._open_directory(path)
+        with self._dirs_lock:
+            entry = self._dirs.get(path)
+            if entry is None:
+                entry = self._dirs[path] = [fd, 1]
+                self._trim()
+            else:
+                os.close(fd)
+                entry[1] += 1
+            return entry[0]
+
+    def release(self, path):
+        # type: (bytes) -> None
+        """Give back a descriptor :meth:`hold` returned."""
+        with self._dirs_lock:
+            entry = self._dirs.get(path)
+            if entry is not None:
+                entry[1] -= 1
+                self._trim()
+
+    def _open_directory(self, path):
+        # type: (bytes) -> int
+        """Open a directory from its parent's kept descriptor (kept in turn), one
+        component with ``O_NOFOLLOW``; a symlink or ``..`` on the way is resolved from the
+        root inside the tree instead."""
+        parent, _, name = path.rstrip(b"/").rpartition(b"/")
+        if not name:
+            return os.open(".", _O_PATH | _O_DIRECTORY | _O_CLOEXEC, dir_fd=self.fd)
+        if name in (b".", b"..") or b"/.." in parent or b"/./" in parent + b"/":
+            return self.open(path, _O_PATH | _O_DIRECTORY, follow=True)
+        parent = parent or b"/"
+        above = self.hold(parent)
+        try:
+            return os.open(name, _O_PATH | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC,
+                           dir_fd=above)
+        except OSError as exc:
+            # ELOOP or ENOTDIR: a symlink, resolved from the root inside the tree.
+            if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+        finally:
+            self.release(parent)
+        return self.open(path, _O_PATH | _O_DIRECTORY, follow=True)
+
+    def _trim(self):
+        # type: () -> None
+        """Close the least recently used directories nobody holds (the lock is held)."""
+        excess = len(self._dirs) - DIRECTORIES_KEPT
+        if excess <= 0:
+            return
+        victims = []  # type: List[bytes]
+        for key, entry in self._dirs.items():  # oldest first
+            if len(victims) >= excess:
+                break
+            if not entry[1]:
+                victims.append(key)
+        for key in victims:
+            os.close(self._dirs.pop(key)[0])
+
+    def lstat_at(self, dirfd, name):
+        # type: (int, bytes) -> Optional[os.stat_result]
+        """Return what ``name`` in a held directory is (not followed); None if missing."""
+        try:
+            return os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.ENAMETOOLONG):
+                return None
+            raise
+
+    def read_at(self, dirfd, name, limit):
+        # type: (int, bytes, int) -> Optional[bytes]
+        """Read a regular file ``name`` of a held directory; None when ``name`` is a symlink
+        (the caller resolves it inside the tree). Never opens a FIFO or device node."""
+        return self._read_opath(
+            os.open(name, _O_PATH | _O_NOFOLLOW | _O_CLOEXEC, dir_fd=dirfd), name, limit)
+
+    def read_in_root(self, path, limit):
+        # type: (bytes, int) -> Optional[bytes]
+        """Read a regular file of the tree by its whole path (resolved inside the tree, the
+        last component not followed); None when it is a symlink."""
+        return self._read_opath(self.open(path), path, limit)
+
+    def _read_opath(self, fd, name, limit):
+        # type: (int, bytes, int) -> Optional[bytes]
+        """Read the regular file an ``O_PATH`` descriptor holds (and close it)."""
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISLNK(st.st_mode):
+                return None
+            if stat.S_ISDIR(st.st_mode):
+                raise OSError(errno.EISDIR, "is a directory", os.fsdecode(name))
+            if not stat.S_ISREG(st.st_mode):
+                raise OSError(errno.EPERM, "not a regular file", os.fsdecode(name))
+            try:
+                # The magic link names the very inode the O_PATH descriptor holds.
+                opened = os.open("/proc/self/fd/%d" % fd, os.O_RDONLY | _O_CLOEXEC)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+                    raise
+                return None  # no /proc here: the caller's way reopens by name and checks
+        finally:
+            os.close(fd)
+        try:
+            # A file of the tree is a file on a disk: its size says how much to ask for, and
+            # a read shorter than asked is its end (one more byte is asked, so growth shows).
+            first = os.read(opened, min(limit, st.st_size + 1 if st.st_size else FIRST_READ))
+            if len(first) <= st.st_size or not first:
+                return first
+            return first + read_fd(opened, limit - len(first))
+        finally:
+            os.close(opened)
 
     # -- reading ------------------------------------------------------------------------
 
@@ -445,8 +594,10 @@ def read_fd(fd, limit):
     """Read from a descriptor until EOF or ``limit`` bytes."""
     chunks = []  # type: List[bytes]
     size = 0
+    ask = FIRST_READ
     while size < limit:
-        chunk = os.read(fd, min(limit - size, 1 << 20))
+        chunk = os.read(fd, min(limit - size, ask))
+        ask = 1 << 20
         if not chunk:
             break
         chunks.append(chunk)

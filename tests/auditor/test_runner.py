@@ -10,7 +10,7 @@ import pytest
 
 from auditor.check import Check
 from auditor.checks.numa_balancing import NumaBalancing
-from auditor.hosts import DirectoryHost
+from auditor.hosts import DirectoryHost, LocalHost
 from auditor.hosts.base import Host
 from auditor.model import FailOn, Finding, Severity, Status
 from auditor.policy import Policy
@@ -85,6 +85,11 @@ def test_debug_reraises(h200: Sysroot) -> None:
         audit(DirectoryHost(str(h200.root)), [Exploding], Policy(), debug=True)
 
 
-def test_checks_run_in_parallel(h200: Sysroot) -> None:
-    report = audit(DirectoryHost(str(h200.root)), [Barrier, Barrier2], Policy())
+def test_checks_run_in_parallel_on_the_live_host() -> None:
+    report = audit(LocalHost(), [Barrier, Barrier2], Policy())
+    assert [f.status for f in report.findings] == [Status.PASS, Status.PASS]
+
+
+def test_checks_run_in_parallel_on_a_sysroot_when_asked(h200: Sysroot) -> None:
+    report = audit(DirectoryHost(str(h200.root)), [Barrier, Barrier2], Policy(), workers=2)
     assert [f.status for f in report.findings] == [Status.PASS, Status.PASS]
