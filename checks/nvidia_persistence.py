@@ -41,6 +41,9 @@ PIDFILES = ("/run/nvidia-persistenced/nvidia-persistenced.pid",
 COMM = "nvidia-persistenced"
 FLAG = "--no-persistence-mode"
 DROP_IN = f"/etc/systemd/system/{UNIT}.d/host-auditor-persistence.conf"
+#: Seen on a lent H200 VM: ``nvidia-smi -q`` said "Persistence Mode: Enabled" with no daemon.
+_LEGACY = ("persistence set by hand (nvidia-smi -pm 1) is not visible in files and lasts "
+           "until the next reboot; without it GPUs deinitialise when their last client exits")
 
 
 def drop_in_text(argv: Sequence[str]) -> str:
@@ -112,16 +115,14 @@ class NvidiaPersistence(Check[CheckOptions]):
                     evidence=ev)
             if not unit.installed:
                 return self.warned(
-                    COMM, "nvidia-persistenced is not running and not installed: GPUs "
-                    "deinitialise when their last client exits (legacy nvidia-smi -pm 1 "
-                    "cannot be confirmed from files)", observed="not installed",
-                    expected="running", evidence=ev)
+                    COMM, "nvidia-persistenced is not running and not installed: nothing "
+                    f"keeps the GPUs initialised across reboots; {_LEGACY}",
+                    observed="not installed", expected="running", evidence=ev)
             return self.warned(
                 COMM, "nvidia-persistenced is not running"
                 + ("" if at_boot else " and nothing starts it at boot")
-                + ": GPUs deinitialise when their last client exits (legacy nvidia-smi -pm 1 "
-                "cannot be confirmed from files)", observed="not running", expected="running",
-                evidence=ev)
+                + f": nothing keeps the GPUs initialised across reboots; {_LEGACY}",
+                observed="not running", expected="running", evidence=ev)
         ev["pid"] = process.pid
         if process.argv is not None:
             argv, source = process.argv, f"/proc/{process.pid}/cmdline"
