@@ -240,6 +240,22 @@ class Check(ABC, Generic[OptionsT]):
         """Return the remedies for this check's problem findings (only fixable checks)."""
         raise NotImplementedError(f"{self.id} has no remediation")
 
+    def advice_on_the_host(self, findings: Sequence[Finding], where: str,
+                           title: str = "on the host: {subject}") -> list[Remedy]:
+        """Return remedies that change nothing here and say what to do on the host.
+
+        Inside a container ``/sys`` and ``/proc/sys`` are the host's and read-only, and a
+        unit installed in the container changes nothing: each finding's own fix is
+        advice for the host. ``where`` is :meth:`Environment.describe`.
+        """
+        from auditor.remediations.steps import Advice, Remedy
+
+        return [Remedy(
+            check=self.id, subject=f.subject, title=title.format(subject=f.subject),
+            advice=(Advice(f"on the host, not in this {where}: "
+                           f"{f.fix.removeprefix('on the host: ')}"),),
+        ) for f in findings if f.fix]
+
     # -- finding factories: the runner stamps the host ----------------------------------
 
     def finding(

@@ -34,7 +34,6 @@ from auditor.hosts.base import Host
 from auditor.model import Finding, Severity
 from auditor.parsing import format_cpulist, kernel_cmdline_params, parse_cpulist
 from auditor.remediations.steps import (
-    Advice,
     FixContext,
     MakeSymlink,
     Remedy,
@@ -526,12 +525,8 @@ class CpuCstates(Check[CstateOptions]):
         """Disable each too-deep state now, and at boot in the idle driver's own way."""
         env = where.environment(host)
         if env.in_container:
-            # /sys is the host's and read-only here: nothing to write in the container.
-            return [Remedy(
-                check=self.id, subject=f.subject,
-                title=f"disable {f.subject} on the host",
-                advice=(Advice(f"on the host, not in this {env.describe()}: {f.fix}"),),
-            ) for f in findings if f.fix]
+            return self.advice_on_the_host(findings, env.describe(),
+                                           "disable {subject} on the host")
         remedies: list[Remedy] = []
         first_failing: dict[str, tuple[int, str]] = {}
         unit_states: set[int] = set()

@@ -364,14 +364,7 @@ class CpuGovernor(Check[GovernorOptions]):
         """Write the governor to each policy (EPP first), and persist it across reboots."""
         env = where.environment(host)
         if env.in_container:
-            # /sys is the host's and read-only here; a unit in the container would change
-            # nothing: say what to do on the host.
-            return [Remedy(
-                check=self.id, subject=f.subject,
-                title=f"on the host: {f.subject}",
-                advice=(Advice(f"on the host, not in this {env.describe()}: "
-                               f"{f.fix.removeprefix('on the host: ')}"),),
-            ) for f in findings if f.fix]
+            return self.advice_on_the_host(findings, env.describe())
         wanted = self.options.governor
         remedies: list[Remedy] = []
         params: list[str] = []

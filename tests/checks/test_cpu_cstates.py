@@ -432,10 +432,10 @@ class LiveQos(DirectoryHost):
             return Entry("chr", major=10, minor=62)
         return super().lstat(path)
 
-    def _read_resolved(self, path: str, limit: int) -> bytes:
+    def read_bytes(self, path: str, limit: int = 1 << 20) -> bytes:
         if path == "/dev/cpu_dma_latency":
             return self.value.to_bytes(4, "little", signed=True)[:limit]
-        return super()._read_resolved(path, limit)
+        return super().read_bytes(path, limit)
 
 
 def test_cpu_dma_latency_read_on_the_live_host(tmp_path: Path) -> None:
