@@ -94,8 +94,11 @@ def _entry_point_checks() -> list[CheckClass]:
 
     builtin: list[tuple[str, Any]] = []
     plugins: list[tuple[str, str, Any]] = []
+    # A distribution's name is parsed from its METADATA file on every ``.name``: once each.
+    names: dict[int, str] = {}
     for point in entry_points(group=ENTRY_POINT_GROUP):
-        dist = point.dist.name if point.dist is not None else ""
+        dist = "" if point.dist is None else names.get(id(point.dist)) or names.setdefault(
+            id(point.dist), point.dist.name)
         if dist == DISTRIBUTION:
             builtin.append((point.name, point))
         else:
