@@ -27,7 +27,7 @@ import posixpath
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, NamedTuple
 
 from auditor import environment as where
 from auditor.check import Check, CheckOptions, Trigger
@@ -120,8 +120,7 @@ _RULE_MAJOR = re.compile(r"[cb]\s+([0-9]+)(?=:)")
 Semantics = Literal["bpf", "kernel", "list"]
 
 
-@dataclass(frozen=True)
-class GpuNode:
+class GpuNode(NamedTuple):
     """A GPU device node a container gets, with the numbers it has on the host now."""
 
     path: str
@@ -134,8 +133,7 @@ class GpuNode:
     via: str = "mount"
 
 
-@dataclass(frozen=True)
-class Rule:
+class Rule(NamedTuple):
     """A device cgroup rule of a container, with the line that sets it."""
 
     allow: bool
@@ -885,8 +883,7 @@ class LxcDeviceMajors(Check[CheckOptions]):
 # -- helpers ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Context:
+class _Context(NamedTuple):
     host: Host
     drivers: dict[str, list[int]]
     mode: CgroupMode
