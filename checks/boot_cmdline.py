@@ -27,8 +27,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 from auditor.check import Check, CheckOptions
 from auditor.checks.lib import bootloader, files, kernels
@@ -70,8 +69,7 @@ _GLUED = re.compile(r"[A-Za-z0-9]((?:" + "|".join(re.escape(p) for p in sorted(
 ACS_OPTIONS = ("disable_acs_redir=", "config_acs=")
 
 
-@dataclass(frozen=True)
-class Problem:
+class Problem(NamedTuple):
     """A token that does nothing or not what it looks like, and what it should be."""
 
     token: str

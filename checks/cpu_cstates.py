@@ -25,7 +25,7 @@ import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 from auditor import environment as where
 from auditor.check import Check, CheckOptions, option
@@ -229,8 +229,7 @@ def known_deep(vendor: str, family: int, driver: str, state: IdleState,
     return ""
 
 
-@dataclass(frozen=True)
-class QosLimit:
+class QosLimit(NamedTuple):
     """A CPU latency QoS limit in force, and who holds it."""
 
     us: int

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 from auditor import environment
 from auditor.check import Check, CheckOptions, Trigger, option
@@ -72,8 +72,7 @@ class IommuOptions(CheckOptions):
              "peer traffic")
 
 
-@dataclass(frozen=True)
-class _Mode:
+class _Mode(NamedTuple):
     """How the IOMMU treats one group: its type, and whether that was read or inferred."""
 
     type: str

@@ -23,11 +23,12 @@ the container. The check judges what each container really gets, as LXC builds i
 
 from __future__ import annotations
 
+import functools
 import posixpath
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, NamedTuple
 
 from auditor import environment as where
 from auditor.check import Check, CheckOptions, Trigger
@@ -89,23 +90,30 @@ FIXED_MAJORS = {"nvidia": 195, "nvidiactl": 195, "drm": 226}
 DYNAMIC_MAJORS = frozenset(range(234, 255)) | frozenset(range(384, 512))
 NEED = frozenset("rw")  # opening a GPU node for CUDA or ROCm needs read and write
 
-#: Device node paths -> (driver name in /proc/devices, minor by naming convention).
-_NODE_PATTERNS: tuple[tuple[re.Pattern[str], str, int | None], ...] = (
-    (re.compile(r"/dev/nvidia([0-9]+)"), "nvidia", None),
-    (re.compile(r"/dev/nvidiactl"), "nvidiactl", 255),
-    (re.compile(r"/dev/nvidia-modeset"), "nvidia", 254),
-    (re.compile(r"/dev/nvidia-uvm"), "nvidia-uvm", 0),
-    (re.compile(r"/dev/nvidia-uvm-tools"), "nvidia-uvm", 1),
-    (re.compile(r"/dev/nvidia-caps-imex-channels(?:/channel([0-9]+)|/.*)?"),
-     "nvidia-caps-imex-channels", None),
-    (re.compile(r"/dev/nvidia-caps(?:/nvidia-cap([0-9]+)|/.*)?"), "nvidia-caps", None),
-    (re.compile(r"/dev/nvidia-nvswitchctl"), "nvidia-nvswitch", 255),
-    (re.compile(r"/dev/nvidia-nvswitch([0-9]*)"), "nvidia-nvswitch", None),
-    (re.compile(r"/dev/nvidia-nvlink.*"), "nvidia-nvlink", None),
-    # AMD: ROCm opens /dev/kfd (a dynamic major, like nvidia-uvm) and a render node.
-    (re.compile(r"/dev/kfd"), "kfd", 0),
-    (re.compile(r"/dev/dri(?:/(?:card|renderD|controlD)([0-9]+)|/.*)?"), "drm", None),
-)
+
+@functools.cache
+def _node_patterns() -> tuple[tuple[re.Pattern[str], str, int | None], ...]:
+    """Return device node paths -> (driver name in /proc/devices, minor by naming convention).
+
+    Compiled on first use: most hosts have no container to look at.
+    """
+    return (
+        (re.compile(r"/dev/nvidia([0-9]+)"), "nvidia", None),
+        (re.compile(r"/dev/nvidiactl"), "nvidiactl", 255),
+        (re.compile(r"/dev/nvidia-modeset"), "nvidia", 254),
+        (re.compile(r"/dev/nvidia-uvm"), "nvidia-uvm", 0),
+        (re.compile(r"/dev/nvidia-uvm-tools"), "nvidia-uvm", 1),
+        (re.compile(r"/dev/nvidia-caps-imex-channels(?:/channel([0-9]+)|/.*)?"),
+         "nvidia-caps-imex-channels", None),
+        (re.compile(r"/dev/nvidia-caps(?:/nvidia-cap([0-9]+)|/.*)?"), "nvidia-caps", None),
+        (re.compile(r"/dev/nvidia-nvswitchctl"), "nvidia-nvswitch", 255),
+        (re.compile(r"/dev/nvidia-nvswitch([0-9]*)"), "nvidia-nvswitch", None),
+        (re.compile(r"/dev/nvidia-nvlink.*"), "nvidia-nvlink", None),
+        # AMD: ROCm opens /dev/kfd (a dynamic major, like nvidia-uvm) and a render node.
+        (re.compile(r"/dev/kfd"), "kfd", 0),
+        (re.compile(r"/dev/dri(?:/(?:card|renderD|controlD)([0-9]+)|/.*)?"), "drm", None),
+    )
+
 
 #: Directories of GPU nodes that a config may bind whole.
 _NODE_DIRS = frozenset({"/dev/dri", "/dev/nvidia-caps", "/dev/nvidia-caps-imex-channels"})
@@ -120,8 +128,7 @@ _RULE_MAJOR = re.compile(r"[cb]\s+([0-9]+)(?=:)")
 Semantics = Literal["bpf", "kernel", "list"]
 
 
-@dataclass(frozen=True)
-class GpuNode:
+class GpuNode(NamedTuple):
     """A GPU device node a container gets, with the numbers it has on the host now."""
 
     path: str
@@ -134,8 +141,7 @@ class GpuNode:
     via: str = "mount"
 
 
-@dataclass(frozen=True)
-class Rule:
+class Rule(NamedTuple):
     """A device cgroup rule of a container, with the line that sets it."""
 
     allow: bool
@@ -168,7 +174,7 @@ class View:
 
 def node_driver(path: str) -> tuple[str, int | None] | None:
     """Return (driver name, minor by convention) of a GPU device path, or None."""
-    for pattern, driver, minor in _NODE_PATTERNS:
+    for pattern, driver, minor in _node_patterns():
         match = pattern.fullmatch(path)
         if match is None:
             continue
@@ -885,8 +891,7 @@ class LxcDeviceMajors(Check[CheckOptions]):
 # -- helpers ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Context:
+class _Context(NamedTuple):
     host: Host
     drivers: dict[str, list[int]]
     mode: CgroupMode

@@ -10,8 +10,7 @@ local systemd units and root's ``@reboot`` crontab. The finding names what sets 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 from auditor import environment as where
 from auditor.check import Check, CheckOptions
@@ -70,8 +69,7 @@ def _zeroed(raw: str) -> str:
     return f"{left}={spacing}0"
 
 
-@dataclass(frozen=True)
-class BootState:
+class BootState(NamedTuple):
     """What sets kernel.numa_balancing at boot, in order; the last one wins."""
 
     writers: tuple[Writer, ...]

@@ -18,8 +18,7 @@ as written without quotes.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 from auditor.check import Check, CheckOptions, Trigger
 from auditor.checks.lib import files, modprobe, nvidia
@@ -62,8 +61,7 @@ def same_value(configured: str, live: str, *, unsigned32: bool = False) -> bool 
     return configured.strip().strip('"') == live
 
 
-@dataclass(frozen=True)
-class Drift:
+class Drift(NamedTuple):
     """One configured option and what the loaded module has."""
 
     option: modprobe.ModOption

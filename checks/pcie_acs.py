@@ -19,8 +19,7 @@ AER/DPC recovery, reset, hot-plug) while an IOMMU is active; the command line su
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 from auditor import environment
 from auditor.check import Check, CheckOptions, Trigger
@@ -61,8 +60,7 @@ _PARSE_BUG = ((6, 11), (6, 13))
 _PORT_TYPES_WITH_REDIRECT = frozenset({0x4, 0x6})
 
 
-@dataclass(frozen=True)
-class _Cover:
+class _Cover(NamedTuple):
     """What the command line does to one port's ACS redirect bits."""
 
     clears: bool

@@ -17,7 +17,6 @@ its ends support caps every device below it, although their own links read x16.
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import re
 from collections.abc import Iterable, Iterator, Sequence
@@ -171,9 +170,8 @@ class PcieMrrs(Check[MrrsOptions]):
                 # A VF's MaxReadReq field is reserved: its physical function's value applies.
                 continue
             ids = pci.device_ids(host, address)
-            device = dataclasses.replace(device, class_code=class_code,
-                                         vendor=ids[0] if ids else None,
-                                         device=ids[1] if ids else None)
+            device = device._replace(class_code=class_code, vendor=ids[0] if ids else None,
+                                     device=ids[1] if ids else None)
             if not (device.is_gpu or device.is_network):
                 continue  # a BMC's or an emulated display: not a GPU
             candidates += 1

@@ -26,6 +26,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from auditor.checks.lib import files
 from auditor.hosts.base import Host
@@ -56,8 +57,7 @@ _BACKSLASH = re.compile(r"\\(.)")
 _ASSIGNMENT = re.compile(r"\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]{0,63})=")
 
 
-@dataclass(frozen=True)
-class Source:
+class Source(NamedTuple):
     """Where a configured token is written: a file and line (0: a whole file)."""
 
     path: str
@@ -71,8 +71,7 @@ class Source:
         return f"{self.path}:{self.line}" if self.line else self.path
 
 
-@dataclass(frozen=True)
-class Token:
+class Token(NamedTuple):
     """One token of a configured command line and the line that wrote it."""
 
     text: str
@@ -299,8 +298,7 @@ def expand_grub_defaults(host: Host) -> ShellDefaults:
 # -- what each boot loader passes -----------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Configured:
+class Configured(NamedTuple):
     """The command line the next boot gets, as configured, and where it is configured."""
 
     #: ``grub``, ``bls``, ``proxmox-boot-tool``, ``kernel-install``.

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from auditor.checks.lib import files
 from auditor.hosts.base import Host
@@ -31,8 +31,7 @@ MAX_DEVICES = 4096
 MAX_EDITS = 8192
 
 
-@dataclass(frozen=True)
-class HostPath:
+class HostPath(NamedTuple):
     """A host path a spec makes the runtime use, and what for."""
 
     path: str

@@ -6,7 +6,7 @@ Shared by ``cpu.governor`` and its remediation; read through the Host seam.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from auditor.hosts.base import Host
 from auditor.parsing import parse_cpulist
@@ -58,8 +58,7 @@ _CPU_NAME = re.compile(r"^cpu([0-9]{1,5})$")
 _CPU_LIST = re.compile(r"^[0-9,\-:/]*$")
 
 
-@dataclass(frozen=True)
-class CpufreqPolicy:
+class CpufreqPolicy(NamedTuple):
     """What one cpufreq policy reports."""
 
     name: str

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from auditor.checks.lib import pci
 from auditor.hosts.base import Host
@@ -90,8 +90,7 @@ def kernel_before(host: Host, version: tuple[int, ...]) -> bool | None:
 _NODE = re.compile(r"node([0-9]{1,4})")
 
 
-@dataclass(frozen=True)
-class NumaNodes:
+class NumaNodes(NamedTuple):
     """The host's NUMA nodes: those with CPUs (their CPU lists) and those without."""
 
     cpus: dict[int, str]
@@ -117,8 +116,7 @@ def numa_nodes(host: Host) -> NumaNodes:
     return host.fact("gpupath.nodes", read)
 
 
-@dataclass(frozen=True)
-class Peers:
+class Peers(NamedTuple):
     """The functions that move data peer to peer: GPUs and RDMA-capable NICs."""
 
     gpus: tuple[pci.PciDevice, ...]

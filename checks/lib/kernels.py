@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from auditor.checks.lib import files
 from auditor.hosts.base import Host
@@ -145,8 +145,7 @@ UBUNTU_SERIES: Mapping[str, tuple[str, tuple[str, ...]]] = {
 DEBIAN_SERIES: Mapping[str, str] = {"bullseye": "5.10", "bookworm": "6.1", "trixie": "6.12"}
 
 
-@dataclass(frozen=True)
-class KernelLine:
+class KernelLine(NamedTuple):
     """The line a kernel release belongs to."""
 
     #: ``ubuntu-generic``, ``ubuntu-nvidia``, ``ubuntu-nvidia-64k``, ``ubuntu-aws``, ``el9``,
@@ -206,8 +205,7 @@ def classify(release: str, os_release: Mapping[str, str]) -> KernelLine:
     return KernelLine("vanilla", series)
 
 
-@dataclass(frozen=True)
-class Currency:
+class Currency(NamedTuple):
     """Whether a vendor line's kernel is current for the distribution release it runs on."""
 
     current: bool
@@ -261,8 +259,7 @@ def currency(line: KernelLine, os_release: Mapping[str, str]) -> Currency:
 # -- the next boot ------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class NextBoot:
+class NextBoot(NamedTuple):
     """The kernel the next boot will start, and how that was found."""
 
     release: str
@@ -314,8 +311,7 @@ _DKMS_VERSION = re.compile(r"[0-9][A-Za-z0-9.+~-]{0,63}")
 _BRANCH_DIR = re.compile(r"nvidia-([0-9]{3,4})(?:[-a-z]{0,24})")
 
 
-@dataclass(frozen=True)
-class GpuModule:
+class GpuModule(NamedTuple):
     """A GPU driver's module as one kernel's modules.dep lists it."""
 
     driver: str
@@ -328,8 +324,7 @@ class GpuModule:
     version: str = ""
 
 
-@dataclass(frozen=True)
-class ModuleSearch:
+class ModuleSearch(NamedTuple):
     """What one kernel carries of a GPU driver."""
 
     release: str

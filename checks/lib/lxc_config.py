@@ -23,7 +23,7 @@ import fnmatch
 import posixpath
 import re
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from auditor.hosts.base import Host
 
@@ -81,8 +81,7 @@ class ConfigLine:
         return self.text[: self.value_start] + value + self.text[end:]
 
 
-@dataclass(frozen=True)
-class MainSection:
+class MainSection(NamedTuple):
     """The running part of a config: the lines before the first section header."""
 
     lines: tuple[ConfigLine, ...]
@@ -121,8 +120,7 @@ class DeviceRule:
         return f"{self.type} {_star(major)}:{_star(self.minor)} {access}".rstrip()
 
 
-@dataclass(frozen=True)
-class MountEntry:
+class MountEntry(NamedTuple):
     """An ``lxc.mount.entry`` value: an fstab line."""
 
     source: str
@@ -286,8 +284,7 @@ def _unescape(field: str) -> str:
 # -- the containers on a host --------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Container:
+class Container(NamedTuple):
     """One container config found on the host."""
 
     id: str
@@ -443,8 +440,7 @@ READS: tuple[str, ...] = (
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
-@dataclass(frozen=True)
-class Entry:
+class Entry(NamedTuple):
     """One ``lxc.*`` setting as LXC applies it, and where it is written."""
 
     key: str

@@ -20,7 +20,7 @@ Everything read is bounded: at most :data:`MAX_FILES` files, :data:`MAX_LINES` l
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from auditor.checks.lib import files
 from auditor.hosts.base import Host
@@ -49,8 +49,7 @@ def module_name(name: str) -> str:
     return name.replace("-", "_")
 
 
-@dataclass(frozen=True)
-class ModOption:
+class ModOption(NamedTuple):
     """One ``param=value`` for a module, and where it was set."""
 
     module: str
@@ -69,8 +68,7 @@ class ModOption:
         return f"{self.path}:{self.line}" if self.path else "the kernel command line"
 
 
-@dataclass(frozen=True)
-class Directive:
+class Directive(NamedTuple):
     """A ``blacklist``, ``install`` or ``remove`` line for a module."""
 
     kind: str
@@ -80,8 +78,7 @@ class Directive:
     line: int
 
 
-@dataclass(frozen=True)
-class ModprobeConfig:
+class ModprobeConfig(NamedTuple):
     """What modprobe will apply: options in the order they are applied, and directives."""
 
     options: tuple[ModOption, ...] = ()
@@ -256,8 +253,7 @@ _DRACUT_DRIVERS = re.compile(
 _MKINITCPIO_MODULES = re.compile(r"^\s*MODULES=\(([^)]*)\)")
 
 
-@dataclass(frozen=True)
-class Initramfs:
+class Initramfs(NamedTuple):
     """How the initramfs is built and whether it carries some modules."""
 
     #: ``dracut``, ``initramfs-tools``, ``mkinitcpio`` or "" (none recognised).

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from auditor.checks.lib import files, pci
 from auditor.hosts.base import Host
@@ -81,8 +81,7 @@ def branch(version: str) -> str:
     return version.split(".", 1)[0]
 
 
-@dataclass(frozen=True)
-class LoadedDriver:
+class LoadedDriver(NamedTuple):
     """The NVIDIA kernel module that is loaded."""
 
     version: str
@@ -211,8 +210,7 @@ _LIB_VERSION = re.compile(
     r"(libcuda\.so|libnvidia-ml\.so)\.([0-9]{1,4}\.[0-9]{1,4}(?:\.[0-9]{1,4})?)")
 
 
-@dataclass(frozen=True)
-class Library:
+class Library(NamedTuple):
     """One userspace driver library the loader can pick, with its version."""
 
     name: str
@@ -223,8 +221,7 @@ class Library:
     root: str
 
 
-@dataclass(frozen=True)
-class Userspace:
+class Userspace(NamedTuple):
     """The userspace driver libraries of one root, and directories the loader names."""
 
     libraries: tuple[Library, ...]
@@ -302,8 +299,7 @@ def userspace(host: Host) -> Userspace:
 _PID = re.compile(r"[1-9][0-9]{0,9}")
 
 
-@dataclass(frozen=True)
-class Daemon:
+class Daemon(NamedTuple):
     """A daemon found through its pid file: its pid, ``comm`` and command line."""
 
     pid: str

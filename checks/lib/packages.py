@@ -21,7 +21,7 @@ Shared by ``nvidia.driver`` (driver packages, held or not, upgraded unattended o
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from auditor.checks.lib import files
 from auditor.hosts.base import Host
@@ -47,8 +47,7 @@ _MAX_PACKAGES = 20000
 _NAME = re.compile(r"[a-z0-9][a-z0-9+.-]{0,127}")
 
 
-@dataclass(frozen=True)
-class Package:
+class Package(NamedTuple):
     """One package dpkg knows."""
 
     name: str
@@ -70,8 +69,7 @@ class Package:
         return self.want == "hold"
 
 
-@dataclass(frozen=True)
-class Packages:
+class Packages(NamedTuple):
     """The packages of a dpkg status file."""
 
     by_name: dict[str, Package]
@@ -139,8 +137,7 @@ _APT_SETTING = re.compile(r'^\s*([A-Za-z0-9:_-]{1,128})\s+"([^"]{0,256})"\s*;')
 _QUOTED = re.compile(r'"([^"]{0,256})"')
 
 
-@dataclass(frozen=True)
-class UpgradePolicy:
+class UpgradePolicy(NamedTuple):
     """Who upgrades packages unattended, and what they leave alone."""
 
     #: ``unattended-upgrades``, ``dnf-automatic`` or "" (none found on).

@@ -10,7 +10,7 @@ config files cut short, and capability lists that point anywhere or loop.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from auditor.hosts.base import Host
 
@@ -99,8 +99,7 @@ class NeedsRoot(ConfigSpaceError):
     """Only the 64-byte header was readable: the capabilities need root."""
 
 
-@dataclass(frozen=True)
-class PcieCapability:
+class PcieCapability(NamedTuple):
     """The decoded fields of one function's PCI Express capability."""
 
     offset: int
@@ -130,8 +129,7 @@ class PcieCapability:
         return self.port_type in ENDPOINT_PORT_TYPES
 
 
-@dataclass(frozen=True)
-class PciDevice:
+class PciDevice(NamedTuple):
     """One PCI function as sysfs shows it (no config space: that needs root past 64 bytes)."""
 
     address: str
@@ -448,8 +446,7 @@ EXT_CAP_ID_REBAR = 0x0015
 _MAX_EXT_CAPS = (CONFIG_READ_LIMIT - EXT_CAP_START) // 8
 
 
-@dataclass(frozen=True)
-class ExtendedCapability:
+class ExtendedCapability(NamedTuple):
     """One entry of the extended capability list: its id, version and offset."""
 
     id: int
@@ -521,8 +518,7 @@ ACS_FLAGS = (
 ACS_REDIRECT_BITS = ACS_REQUEST_REDIRECT | ACS_COMPLETION_REDIRECT | ACS_EGRESS_CONTROL
 
 
-@dataclass(frozen=True)
-class AcsCapability:
+class AcsCapability(NamedTuple):
     """A function's ACS extended capability: where it is, what it offers, what is on."""
 
     offset: int
@@ -555,8 +551,7 @@ def decode_acs(config: bytes) -> AcsCapability | None:
     return AcsCapability(offset, _u16(config, offset + 4), _u16(config, offset + 6))
 
 
-@dataclass(frozen=True)
-class ResizableBar:
+class ResizableBar(NamedTuple):
     """One BAR of the Resizable BAR capability: its index, current and supported sizes."""
 
     bar: int
@@ -644,8 +639,7 @@ def local_cpulist(host: Host, address: str) -> str | None:
     return text if text is not None and _CPULIST.fullmatch(text) else None
 
 
-@dataclass(frozen=True)
-class Resource:
+class Resource(NamedTuple):
     """One line of sysfs ``resource``: a BAR's start, end and flags."""
 
     start: int
@@ -710,8 +704,7 @@ def link_pm(host: Host, address: str) -> dict[str, str]:
     return found
 
 
-@dataclass(frozen=True)
-class RuntimePm:
+class RuntimePm(NamedTuple):
     """A device's runtime power management: who controls it and how long it slept."""
 
     control: str
@@ -763,8 +756,7 @@ AER_FILES = {"correctable": "aer_dev_correctable", "nonfatal": "aer_dev_nonfatal
 _AER_MAX_LINES = 64
 
 
-@dataclass(frozen=True)
-class AerCounters:
+class AerCounters(NamedTuple):
     """One device's AER statistics since boot, by severity then counter name."""
 
     counters: dict[str, dict[str, int]]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from auditor.checks.lib import pci
 
@@ -55,8 +55,7 @@ def split_devices(value: str) -> list[str]:
     return [item for item in value.replace("\\;", ";").split(";") if item][:_MAX_ITEMS]
 
 
-@dataclass(frozen=True)
-class DeviceIds:
+class DeviceIds(NamedTuple):
     """What a ``pci:`` device string compares: ids from config space and sysfs."""
 
     vendor: int | None

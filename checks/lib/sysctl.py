@@ -22,7 +22,7 @@ Shared by ``numa.balancing`` (what the boot will set, and who) and its remediati
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from auditor.checks.lib import tuned
 from auditor.hosts.base import Host
@@ -58,8 +58,7 @@ _MAX_LINE = 4096
 _VALUE = re.compile(r"[0-9A-Za-z_.:-]{1,64}")
 
 
-@dataclass(frozen=True)
-class Setting:
+class Setting(NamedTuple):
     """One line of a sysctl file that sets a key."""
 
     path: str
@@ -75,8 +74,7 @@ class Setting:
         return f"{self.path}:{self.line}"
 
 
-@dataclass(frozen=True)
-class Writer:
+class Writer(NamedTuple):
     """Something that sets a sysctl at boot, and the value it sets."""
 
     #: ``cmdline``, ``sysctl.d``, ``tuned``, ``unit`` or ``cron``: also the order at boot.

@@ -12,7 +12,7 @@ unit. An empty ``ExecStart=`` resets the list (systemd.service(5)); a unit is en
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from auditor.checks.lib import files
 from auditor.hosts.base import Host
@@ -29,8 +29,7 @@ def reads(unit: str) -> tuple[str, ...]:
             f"/etc/systemd/system/*.wants/{unit}", f"/etc/systemd/system/*.requires/{unit}")
 
 
-@dataclass(frozen=True)
-class Unit:
+class Unit(NamedTuple):
     """A unit as systemd would load it."""
 
     name: str
