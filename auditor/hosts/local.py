@@ -147,25 +147,12 @@ class DirectoryHost(Host):
         """Read a regular file of the tree (``..`` and symlinks resolved inside it).
 
         A directory read from a second time is kept open and its files are opened from it
-        (sysfs keeps a few files per directory: policyN, stateK); a file of a directory
-        met once is opened by its whole path, in one call.
+        (sysfs keeps a few files per directory: policyN, stateK): :meth:`Tree.read_file`.
         """
         split = self._split(_normal(path))
         if split is not None:
-            parent, name = split
-            tree = self.tree
             try:
-                if parent in tree.seen:
-                    dirfd = tree.hold(parent)
-                    try:
-                        data = tree.read_at(dirfd, name, limit)
-                    finally:
-                        tree.release(parent)
-                else:
-                    if len(tree.seen) > 65536:
-                        tree.seen.clear()
-                    tree.seen.add(parent)
-                    data = tree.read_in_root(parent + b"/" + name, limit)
+                data = self.tree.read_file(split[0], split[1], limit)
             except (FileNotFoundError, NotADirectoryError):
                 raise FileNotFoundError(path) from None
             if data is not None:

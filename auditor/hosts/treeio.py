@@ -147,8 +147,8 @@ class Tree:
         # Directories resolved once (path -> [descriptor, users]), least recently used first.
         self._dirs = collections.OrderedDict()  # type: collections.OrderedDict[bytes, List[int]]
         self._dirs_lock = threading.Lock()
-        # Directories read from once: a second read from one keeps it open (see read).
-        self.seen = set()  # type: Set[bytes]
+        # Directories read from once: a second read from one keeps it open (read_file).
+        self._seen = set()  # type: Set[bytes]
         # A tree nobody closed gives its descriptors back when it is collected.
         self._finalizer = weakref.finalize(self, _close_tree, self.fd, self._dirs)
 
@@ -356,18 +356,34 @@ class Tree:
                 return None
             raise
 
-    def read_at(self, dirfd, name, limit):
-        # type: (int, bytes, int) -> Optional[bytes]
-        """Read a regular file ``name`` of a held directory; None when ``name`` is a symlink
-        (the caller resolves it inside the tree). Never opens a FIFO or device node."""
-        return self._read_opath(
-            os.open(name, _O_PATH | _O_NOFOLLOW | _O_CLOEXEC, dir_fd=dirfd), name, limit)
+    def read_file(self, parent, name, limit):
+        # type: (bytes, bytes, int) -> Optional[bytes]
+        """Read the regular file ``name`` of the directory ``parent`` of the tree; None
+        when ``name`` is a symlink (the caller resolves it inside the tree).
 
-    def read_in_root(self, path, limit):
-        # type: (bytes, int) -> Optional[bytes]
-        """Read a regular file of the tree by its whole path (resolved inside the tree, the
-        last component not followed); None when it is a symlink."""
-        return self._read_opath(self.open(path), path, limit)
+        The first file read from a directory is opened by its whole path (one call); from
+        the second on, the directory is held (:meth:`hold`) and its files opened from it.
+        Never opens a FIFO or device node.
+        """
+        with self._dirs_lock:
+            entry = self._dirs.get(parent)
+            if entry is not None:
+                self._dirs.move_to_end(parent)
+                entry[1] += 1
+        if entry is None:
+            if parent not in self._seen:
+                if len(self._seen) > 65536:
+                    self._seen.clear()
+                self._seen.add(parent)
+                return self._read_opath(self.open(parent + b"/" + name), name, limit)
+            dirfd = self.hold(parent)
+        else:
+            dirfd = entry[0]
+        try:
+            return self._read_opath(
+                os.open(name, _O_PATH | _O_NOFOLLOW | _O_CLOEXEC, dir_fd=dirfd), name, limit)
+        finally:
+            self.release(parent)
 
     def _read_opath(self, fd, name, limit):
         # type: (int, bytes, int) -> Optional[bytes]
