@@ -27,8 +27,10 @@ from auditor.checks.lib.cpufreq import (
     INTEL_NO_TURBO,
     INTEL_STATUS,
     POLICY_FILES,
+    PRESENT,
     REVERTING_DAEMONS,
     CpufreqPolicy,
+    one_cpu_each,
     policy_names,
     policy_path,
     read_policy,
@@ -105,6 +107,7 @@ class CpuGovernor(Check[GovernorOptions]):
     reads: ClassVar[tuple[str, ...]] = (
         *(f"{CPUFREQ}/policy*/{name}" for name in POLICY_FILES),
         *(f"{CPU_DIR}/cpu[0-9]*/cpufreq/{name}" for name in POLICY_FILES),
+        PRESENT,
         BOOST,
         INTEL_STATUS,
         INTEL_NO_TURBO,
@@ -176,7 +179,9 @@ class CpuGovernor(Check[GovernorOptions]):
         epp_choices = host.read_optional(f"{first}/energy_performance_available_preferences")
         # The kernel adds both EPP files together, only where the driver has EPP.
         with_epp = epp_choices is not None
-        policies = [p for n in names if (p := read_policy(host, n, with_epp)) is not None]
+        alone = one_cpu_each(host, names)
+        policies = [p for n in names
+                    if (p := read_policy(host, n, with_epp, alone)) is not None]
         if not policies:
             yield self.skipped(
                 "cpufreq",

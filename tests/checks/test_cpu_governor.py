@@ -147,6 +147,33 @@ def test_shared_policies_name_their_affected_cpus(h200: Sysroot) -> None:
     assert dict(fail.evidence)["policies"] == "policy0 policy4"
 
 
+def test_one_policy_per_present_cpu_reads_no_affected_cpus(h200: Sysroot) -> None:
+    h200.write("/sys/devices/system/cpu/present", "0-15\n")
+    plant_policies(h200, range(8), governor="conservative")
+    plant_policies(h200, range(8, 16), governor="performance")
+    host = RecordingHost(str(h200.root))
+    found = list(CpuGovernor.configured().evaluate(host))
+    [fail] = by_status(found, Status.FAIL)
+    assert fail.subject == "0-7"
+    assert not [p for p in host.reads if p.endswith("/affected_cpus")]
+    assert host.reads.count(f"{CPUFREQ}/policy3/scaling_governor") == 1
+
+
+@pytest.mark.parametrize(("present", "per_policy"), [("0-15", 4), ("0-31", 1)])
+def test_fewer_policies_than_present_cpus_read_affected_cpus(
+        h200: Sysroot, present: str, per_policy: int) -> None:
+    # Shared policies, or CPUs without a policy: which CPUs a policy holds is read.
+    h200.write("/sys/devices/system/cpu/present", f"{present}\n")
+    plant_policies(h200, range(16), governor="conservative", per_policy=per_policy)
+    h200.write(f"{CPUFREQ}/policy4/affected_cpus" if per_policy == 4 else
+               f"{CPUFREQ}/policy5/affected_cpus", "4 5 6 7\n")
+    host = RecordingHost(str(h200.root))
+    found = list(CpuGovernor.configured().evaluate(host))
+    [fail] = by_status(found, Status.FAIL)
+    assert fail.subject == "0-15"
+    assert len([p for p in host.reads if p.endswith("/affected_cpus")]) == 16 // per_policy
+
+
 def test_missing_performance_governor_says_so(h200: Sysroot) -> None:
     plant_policies(h200, range(4), governor="schedutil", available="schedutil")
     [fail] = findings(h200)
