@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.hostile.conftest import Canary, audit_cmd, run_limited
+from tests.support.factories import tar_of_members
 from tests.support.sysroot import Sysroot
 
 #: Address space an audit may use here (Python, its libraries and the checks' threads
@@ -24,16 +25,6 @@ from tests.support.sysroot import Sysroot
 LIMIT = 1536 << 20
 #: Peak resident memory a bounded run stays under (a capture is refused past 64 MiB).
 RSS = 300 << 20
-
-
-def tar_bytes(members: list[tuple[tarfile.TarInfo, bytes | None]]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
-        for info, data in members:
-            if data is not None:
-                info.size = len(data)
-            archive.addfile(info, io.BytesIO(data) if data is not None else None)
-    return buffer.getvalue()
 
 
 def zero_stream(size: int, compress: str) -> bytes:
@@ -286,7 +277,7 @@ def test_symlinks_with_endless_targets_are_resolved_in_bounded_time(tmp_path: Pa
         info.type, info.linkname = tarfile.SYMTYPE, target
         members.append((info, None))
     capture = tmp_path / "links.tar"
-    capture.write_bytes(tar_bytes(members))
+    capture.write_bytes(tar_of_members(members))
     result = run_limited(audit_cmd("local", "--root", str(capture), "--format", "json"),
                          memory=LIMIT, timeout=60)
     assert result.code in (0, 1), result.err
@@ -302,7 +293,7 @@ def test_deep_member_names_are_bounded(tmp_path: Path) -> None:
         depth = 2000 if n % 2 else 400  # 20 KB names, then 3 KB ones
         members.append((tarfile.TarInfo("/".join(f"d{n}x{k}" for k in range(depth))), b""))
     capture = tmp_path / "deep.tar.gz"
-    capture.write_bytes(gzip.compress(tar_bytes(members), 6))
+    capture.write_bytes(gzip.compress(tar_of_members(members), 6))
     result = run_limited(audit_cmd("local", "--root", str(capture)), memory=LIMIT, timeout=60)
     assert result.code == 2 and "names imply more than" in result.one_error_line()
     assert result.max_rss < RSS, result.max_rss

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.hostile.conftest import Finished, audit_cmd, run_limited
+from tests.support.factories import tar_of_members
 from tests.support.sshd import Sshd, SshLab
 
 pytestmark = pytest.mark.ssh
@@ -106,16 +107,6 @@ def assert_contained(result: Finished, wanted: str, *, wall: float = 30) -> None
     assert result.max_rss < RSS, result.max_rss
 
 
-def tar_of(members: list[tuple[tarfile.TarInfo, bytes | None]]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.GNU_FORMAT) as archive:
-        for info, data in members:
-            if data is not None:
-                info.size = len(data)
-            archive.addfile(info, io.BytesIO(data) if data is not None else None)
-    return buffer.getvalue()
-
-
 def test_a_gzip_bomb_nobody_asked_for_is_refused(hostile: HostileLab) -> None:
     bomb = io.BytesIO()
     with gzip.GzipFile(fileobj=bomb, mode="wb", compresslevel=9) as writer:
@@ -173,7 +164,7 @@ def test_hostile_members_are_read_inside_the_archive_and_left_out_of_a_snapshot(
             setattr(made, key, value)
         return made
 
-    answer = tar_of([
+    answer = tar_of_members([
         (info("../../../etc/cron.d/evil"), b"* * * * * root touch /tmp/pwned\n"),
         (info("/etc/passwd"), b"root:x:0:0::/root:/bin/sh\n"),
         (info("etc/hostname", tarfile.SYMTYPE, linkname="/etc/shadow"), None),
@@ -185,7 +176,7 @@ def test_hostile_members_are_read_inside_the_archive_and_left_out_of_a_snapshot(
         (info("proc/4242/comm"), b"secret-process\n"),
         (info("proc/4243/comm"), b"tuned\n"),
         (info("etc/machine-id"), b"0123456789abcdef0123456789abcdef\n"),
-    ])
+    ], fmt=tarfile.GNU_FORMAT)
     hostile.answer("answer", HEADER + answer)
     result = hostile.audit()
     assert result.code in (0, 1), result.err

@@ -38,6 +38,19 @@ def tar_bytes(files: Iterable[tuple[str, str | bytes]]) -> bytes:
     return buffer.getvalue()
 
 
+def tar_of_members(members: Iterable[tuple[tarfile.TarInfo, bytes | None]],
+                   fmt: int = tarfile.PAX_FORMAT) -> bytes:
+    """Build an uncompressed tar in memory from (TarInfo, data) pairs, as given: links,
+    devices and odd headers too (``data`` None for a member without content)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=fmt) as archive:
+        for info, data in members:
+            if data is not None:
+                info.size = len(data)
+            archive.addfile(info, io.BytesIO(data) if data is not None else None)
+    return buffer.getvalue()
+
+
 def make_report(findings: Iterable[Finding] = (), host: str = "gpu-01", **overrides: object
                 ) -> Report:
     """Wrap findings in a report, one result per check in the order first seen."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import io
 import posixpath
 import tarfile
 
@@ -14,6 +13,7 @@ from auditor.hosts.archive import ArchiveHost, _member_path
 from auditor.hosts.base import Entry
 from auditor.hosts.collect import collect_tar
 from auditor.hosts.tarindex import Member, fast_index
+from tests.support.factories import tar_of_members
 from tests.support.sysroot import CAPTURES
 
 
@@ -25,13 +25,7 @@ def by_tarfile(data: bytes) -> list[Member]:
 
 
 def tar_of(*members: tuple[tarfile.TarInfo, bytes | None], fmt: int = tarfile.PAX_FORMAT) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=fmt) as archive:
-        for info, data in members:
-            if data is not None:
-                info.size = len(data)
-            archive.addfile(info, io.BytesIO(data) if data is not None else None)
-    return buffer.getvalue()
+    return tar_of_members(members, fmt)
 
 
 def info(name: str, kind: bytes = tarfile.REGTYPE, **fields: object) -> tarfile.TarInfo:
