@@ -365,20 +365,12 @@ class Tree:
         the second on, the directory is held (:meth:`hold`) and its files opened from it.
         Never opens a FIFO or device node.
         """
-        with self._dirs_lock:
-            entry = self._dirs.get(parent)
-            if entry is not None:
-                self._dirs.move_to_end(parent)
-                entry[1] += 1
-        if entry is None:
-            if parent not in self._seen:
-                if len(self._seen) > 65536:
-                    self._seen.clear()
-                self._seen.add(parent)
-                return self._read_opath(self.open(parent + b"/" + name), name, limit)
-            dirfd = self.hold(parent)
-        else:
-            dirfd = entry[0]
+        if parent not in self._seen:
+            if len(self._seen) > 65536:
+                self._seen.clear()
+            self._seen.add(parent)
+            return self._read_opath(self.open(parent + b"/" + name), name, limit)
+        dirfd = self.hold(parent)
         try:
             return self._read_opath(
                 os.open(name, _O_PATH | _O_NOFOLLOW | _O_CLOEXEC, dir_fd=dirfd), name, limit)
