@@ -145,22 +145,13 @@ def read_policy(host: Host, name: str, with_epp: bool,
     governor = host.read_optional(f"{base}/scaling_governor")
     if not governor:
         return None
-    if alone:
-        # An inactive policy (its CPU offline) answers EBUSY above: this one is online.
-        return CpufreqPolicy(
-            name=name,
-            cpus=(int(name.removeprefix("policy")),),
-            governor=governor,
-            epp=host.read_optional(f"{base}/energy_performance_preference")
-            if with_epp else None,
-            max_freq=parse_khz(host.read_optional(f"{base}/scaling_max_freq")),
-            hw_max_freq=parse_khz(host.read_optional(f"{base}/cpuinfo_max_freq")),
-        )
-    cpus = parse_cpu_numbers(host.read_optional(f"{base}/affected_cpus") or "")
+    cpus: list[int] = []
+    if not alone:
+        cpus = (parse_cpu_numbers(host.read_optional(f"{base}/affected_cpus") or "")
+                or parse_cpu_numbers(host.read_optional(f"{base}/related_cpus") or ""))
     if not cpus:
-        cpus = parse_cpu_numbers(host.read_optional(f"{base}/related_cpus") or "")
-    if not cpus:
-        # A policy is named after its first CPU.
+        # A policy is named after its first CPU; one held alone is that CPU, online (an
+        # inactive policy answers EBUSY for its governor above).
         cpus = [int(name.removeprefix("policy").removeprefix("cpu"))]
     return CpufreqPolicy(
         name=name,
