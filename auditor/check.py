@@ -131,13 +131,25 @@ class CheckOptions:
     when a policy is loaded, so ``evaluate`` reads typed, valid values.
     """
 
+    #: What :meth:`specs` found, kept on the class it was found for.
+    _specs: ClassVar[dict[str, OptionSpec] | None] = None
+
     @classmethod
     def specs(cls) -> dict[str, OptionSpec]:
         """Return each option's name, type, default and allowed values."""
-        hints = typing.get_type_hints(cls)
+        cached: dict[str, OptionSpec] | None = cls.__dict__.get("_specs")
+        if cached is not None:
+            return dict(cached)
+        # Annotations are strings (``from __future__ import annotations``): the plain ones
+        # are looked up as written; only others are evaluated (get_type_hints is costly).
+        hints: dict[str, Any] | None = None
         found: dict[str, OptionSpec] = {}
         for item in dataclasses.fields(cls):
-            annotation = hints.get(item.name, item.type)
+            annotation: Any = item.type
+            if annotation not in _TYPES:
+                if hints is None:
+                    hints = typing.get_type_hints(cls)
+                annotation = hints.get(item.name, item.type)
             kind = _TYPES.get(annotation) or _TYPES.get(str(annotation).replace("typing.", ""))
             if kind is None and typing.get_origin(annotation) is tuple:
                 kind = tuple
@@ -150,7 +162,8 @@ class CheckOptions:
                 choices=meta.get(_CHOICES), minimum=meta.get(_MINIMUM),
                 maximum=meta.get(_MAXIMUM),
             )
-        return found
+        cls._specs = found  # on this class only: a subclass has its own fields
+        return dict(found)
 
     @classmethod
     def build(cls, values: Mapping[str, Any], source: str, check_id: str) -> CheckOptions:

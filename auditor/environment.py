@@ -26,10 +26,10 @@ Evidence, strongest first:
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from auditor.hosts.base import Host
+from auditor.parsing import lazy_re
 
 CPUINFO = "/proc/cpuinfo"
 #: The clock sources the kernel found: a KVM guest has ``kvm-clock``, which tells KVM
@@ -90,7 +90,7 @@ _CGROUP_CONTAINERS = (
     ("/libpod-", "podman"), ("/lxc.payload", "lxc"), ("/lxc/", "lxc"),
     ("/containerd", "containerd"), ("/machine.slice/systemd-nspawn", "systemd-nspawn"),
 )
-_WORD = re.compile(r"[a-z0-9][a-z0-9._-]{0,31}")
+_WORD = lazy_re(r"[a-z0-9][a-z0-9._-]{0,31}")
 
 
 @dataclass(frozen=True)

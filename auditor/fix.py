@@ -21,6 +21,7 @@ from auditor.errors import UsageError
 from auditor.hosts.base import Host
 from auditor.hosts.sysroot_fix import PLAN_FORMAT, machine_id_digest
 from auditor.model import FIXABLE, Finding, Report
+from auditor.parsing import parse_os_release
 from auditor.policy import Policy
 from auditor.remediations.boot import boot_remedy
 from auditor.remediations.steps import (
@@ -30,7 +31,6 @@ from auditor.remediations.steps import (
     RunCommand,
     SetPciBits,
     Step,
-    parse_os_release,
 )
 
 

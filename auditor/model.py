@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
-import hashlib
-import json
 import operator
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -396,6 +394,9 @@ def pick_report(kept: Report, other: Report) -> tuple[Report, str]:
         worse, better = (other, kept) if bad_other > bad_kept else (kept, other)
         return worse, (f"both started at {kept.started or 'an unknown time'}: keeping the worse "
                        f"result ({_describe(worse)}, against {_describe(better)})")
+    import hashlib
+    import json
+
     digests = [hashlib.sha256(json.dumps(r.to_dict(), sort_keys=True).encode()).hexdigest()
                for r in (kept, other)]
     if digests[0] == digests[1]:
@@ -444,6 +445,9 @@ def fingerprint_inputs(report: Report) -> dict[str, Any]:
 
 def fingerprint(report: Report) -> str:
     """Return a short, stable hex digest of the host's tuned state (no times, no host name)."""
+    import hashlib
+    import json
+
     canonical = json.dumps(fingerprint_inputs(report), sort_keys=True, separators=(",", ":"),
                            ensure_ascii=True)
     return hashlib.sha256(canonical.encode()).hexdigest()[:FINGERPRINT_LENGTH]

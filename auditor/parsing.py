@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
+#: ``re.Pattern``'s default end position.
+MAX_POS = sys.maxsize
 #: The highest CPU number a CPU list may name (Linux's NR_CPUS is at most 8192 today).
 MAX_CPU = 65535
 #: The most CPU numbers one list may spell out, counting repeats: a real list names each
@@ -85,3 +90,81 @@ def version_tuple(text: str) -> tuple[int, ...]:
         if len(digits) != len(part):
             break
     return tuple(numbers)
+
+
+class LazyPattern:
+    """A regular expression compiled on its first use, so that importing a check is cheap.
+
+    Compiling is most of the cost of importing a module that declares its patterns at
+    the top (``re`` parses each in Python); an audit uses only the patterns the host in
+    front of it calls for. Same methods as :class:`re.Pattern` for ``str``.
+    """
+
+    __slots__ = ("_compiled", "_flags", "pattern")
+
+    def __init__(self, pattern: str, flags: int = 0) -> None:
+        self.pattern = pattern
+        self._flags = flags
+        self._compiled: re.Pattern[str] | None = None
+
+    @property
+    def compiled(self) -> re.Pattern[str]:
+        """Return the compiled pattern (compiling it the first time)."""
+        if self._compiled is None:
+            self._compiled = re.compile(self.pattern, self._flags)
+        return self._compiled
+
+    @property
+    def flags(self) -> int:
+        return self.compiled.flags
+
+    def match(self, string: str, pos: int = 0, endpos: int = MAX_POS) -> re.Match[str] | None:
+        return self.compiled.match(string, pos, endpos)
+
+    def fullmatch(self, string: str, pos: int = 0, endpos: int = MAX_POS) -> re.Match[str] | None:
+        return self.compiled.fullmatch(string, pos, endpos)
+
+    def search(self, string: str, pos: int = 0, endpos: int = MAX_POS) -> re.Match[str] | None:
+        return self.compiled.search(string, pos, endpos)
+
+    def finditer(self, string: str, pos: int = 0, endpos: int = MAX_POS) -> Iterator[re.Match[str]]:
+        return self.compiled.finditer(string, pos, endpos)
+
+    def findall(self, string: str, pos: int = 0, endpos: int = MAX_POS) -> list[Any]:
+        return self.compiled.findall(string, pos, endpos)
+
+    def sub(self, repl: str | Callable[[re.Match[str]], str], string: str, count: int = 0) -> str:
+        return self.compiled.sub(repl, string, count)
+
+    def split(self, string: str, maxsplit: int = 0) -> list[str | Any]:
+        return self.compiled.split(string, maxsplit)
+
+    def __repr__(self) -> str:
+        return f"lazy_re({self.pattern!r})"
+
+
+def lazy_re(pattern: str, flags: int = 0) -> LazyPattern:
+    """Return ``pattern`` to be compiled on its first use (see :class:`LazyPattern`)."""
+    return LazyPattern(pattern, flags)
+
+
+def parse_os_release(text: str) -> dict[str, str]:
+    """Parse os-release ``KEY=value`` lines, unquoting values."""
+    values: dict[str, str] = {}
+    for raw in text.splitlines():
+        key, sep, value = raw.strip().partition("=")
+        if not sep or not re.fullmatch(r"[A-Z0-9_]+", key):
+            continue
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+            value = value[1:-1]
+        values[key] = value
+    return values
+
+
+_SAFE_WORD = LazyPattern(r"[A-Za-z0-9][A-Za-z0-9_.:+-]*")
+
+
+def safe_word(text: str) -> bool:
+    """Return whether ``text`` is a plain word (a version, a codename, a device id)."""
+    return bool(_SAFE_WORD.fullmatch(text))

@@ -9,13 +9,13 @@ events re-run which checks) is derived here from the classes' declarations.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from auditor.check import Check, CheckClass, CheckOptions, Trigger
 from auditor.errors import PolicyError, RegistryError, UsageError
 from auditor.model import Severity
+from auditor.parsing import lazy_re
 
 ENTRY_POINT_GROUP = "host_auditor.checks"
 #: The distribution whose checks are the built-ins (listed before plug-ins).
@@ -23,7 +23,7 @@ DISTRIBUTION = "host-auditor"
 #: Profiles a check may set option values for; the defaults are ``gpu-inference``'s.
 PROFILES = ("gpu-inference", "latency", "throughput")
 DEFAULT_PROFILE = PROFILES[0]
-_ID_PATTERN = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")
+_ID_PATTERN = lazy_re(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")
 
 
 def _validate_one(cls: Any, name: str) -> None:

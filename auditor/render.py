@@ -7,7 +7,6 @@ lines of an applied fix. Every function returns text; the CLI writes it.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import shlex
@@ -25,6 +24,7 @@ from auditor.model import (
     count_by_status,
     worst,
 )
+from auditor.parsing import lazy_re
 
 if TYPE_CHECKING:
     import jinja2
@@ -51,10 +51,10 @@ _ANSI = {
 }
 
 
-_XML_INVALID = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+_XML_INVALID = lazy_re("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
 
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+_CONTROL = lazy_re("[\x00-\x1f\x7f-\x9f]")
 
 
 class ShellLiteral(str):
@@ -72,7 +72,7 @@ def shell_quote(value: Any) -> str:
     return shlex.quote(str(value))
 
 
-_COMMENT_UNSAFE = re.compile("[\x00-\x1f\x7f\u2028\u2029]")
+_COMMENT_UNSAFE = lazy_re("[\x00-\x1f\x7f\u2028\u2029]")
 
 
 def shell_comment(value: Any) -> ShellLiteral:
@@ -114,7 +114,7 @@ def _text_finalize(value: Any) -> Any:
 
 
 #: What starts a markdown construct inline (emphasis, code, links, tables, HTML, entities).
-_MD_SPECIAL = re.compile(r"([\\`*_\[\]|~])")
+_MD_SPECIAL = lazy_re(r"([\\`*_\[\]|~])")
 
 
 def md_escape(value: Any) -> Safe:
@@ -370,6 +370,8 @@ def heredoc_end(name: str, text: str) -> str:
     It carries a hash of the text, so no line of the text (a value read from the host
     holding a newline and the delimiter included) can be it.
     """
+    import hashlib
+
     lines = set(text.split("\n"))
     digest = hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest().upper()
     for width in (12, 24, 64):

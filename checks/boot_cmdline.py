@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from typing import ClassVar, NamedTuple
+from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 from auditor.check import Check, CheckOptions
 from auditor.checks.lib import bootloader, files, kernels
@@ -36,16 +36,10 @@ from auditor.environment import READS as ENVIRONMENT_READS
 from auditor.environment import environment
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity
-from auditor.remediations.steps import (
-    Advice,
-    FixContext,
-    Remedy,
-    ReplaceLine,
-    RunCommand,
-    Step,
-    evidence,
-    parse_os_release,
-)
+from auditor.parsing import lazy_re, parse_os_release
+
+if TYPE_CHECKING:
+    from auditor.remediations.steps import Advice, FixContext, Remedy, Step
 
 PROC_CMDLINE = "/proc/cmdline"
 OS_RELEASE = "/etc/os-release"
@@ -64,7 +58,7 @@ KNOWN_PARAMS = (
     "console", "crashkernel", "modprobe.blacklist", "rd.driver.blacklist", "nouveau.modeset",
     "amdgpu.ppfeaturemask", "tsc", "nosmt", "selinux", "apparmor", "audit",
 )
-_GLUED = re.compile(r"[A-Za-z0-9]((?:" + "|".join(re.escape(p) for p in sorted(
+_GLUED = lazy_re(r"[A-Za-z0-9]((?:" + "|".join(re.escape(p) for p in sorted(
     KNOWN_PARAMS, key=len, reverse=True)) + r")=)")
 ACS_OPTIONS = ("disable_acs_redir=", "config_acs=")
 
@@ -287,6 +281,7 @@ class BootCmdline(Check[CheckOptions]):
         self, host: Host, findings: Sequence[Finding], context: FixContext
     ) -> list[Remedy]:
         """Rewrite ineffective tokens where they are configured; say how to boot what is set."""
+        from auditor.remediations.steps import Advice, Remedy, evidence
         remedies: list[Remedy] = []
         for finding in findings:
             ev = evidence(finding)
@@ -316,6 +311,7 @@ class BootCmdline(Check[CheckOptions]):
 
     def _fix_tokens(self, host: Host, ev: dict[str, str], context: FixContext
                     ) -> Remedy | None:
+        from auditor.remediations.steps import Advice, Remedy, ReplaceLine, RunCommand
         os_release = context.os_release
         running = kernels.running_kernel(host) or ""
         nxt = kernels.next_boot(host, running, kernels.installed_kernels(host))

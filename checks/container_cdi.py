@@ -18,9 +18,8 @@ directories); versioned files are judged by their version, so a snapshot judges 
 from __future__ import annotations
 
 import fnmatch
-import re
 from collections.abc import Iterable, Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from auditor.check import Check, CheckOptions, Trigger
 from auditor.checks.lib import cdi, files, nvidia, units
@@ -28,14 +27,10 @@ from auditor.environment import READS as ENVIRONMENT_READS
 from auditor.environment import environment
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity
-from auditor.remediations.steps import (
-    Advice,
-    FixContext,
-    MakeSymlink,
-    Remedy,
-    RunCommand,
-    evidence,
-)
+from auditor.parsing import lazy_re
+
+if TYPE_CHECKING:
+    from auditor.remediations.steps import FixContext, Remedy
 
 #: Host paths whose existence a collection carries (device entries, firmware directories).
 CHECKABLE = ("/dev/nvidia*", "/dev/nvidia-caps/*", "/dev/nvidia-caps-imex-channels/*",
@@ -45,11 +40,11 @@ GPU_INFORMATION = "/proc/driver/nvidia/gpus/*/information"
 REFRESH_UNITS = ("nvidia-cdi-refresh.path", "nvidia-cdi-refresh.service")
 TOOLKIT_CONFIG = "/etc/nvidia-container-runtime/config.toml"
 NVIDIA_VENDORS = ("nvidia.com", "management.nvidia.com")
-_VERSIONED = re.compile(r"\.so\.([0-9]{3,4}\.[0-9]{1,4}(?:\.[0-9]{1,4})?)$")
-_FIRMWARE = re.compile(r"/firmware/nvidia/([0-9]{3,4}\.[0-9]{1,4}(?:\.[0-9]{1,4})?)(?:/|$)")
-_GPU_NODE = re.compile(r"/dev/nvidia([0-9]{1,3})")
-_UUID = re.compile(r"GPU UUID:\s*(GPU-[0-9a-fA-F-]{36})")
-_MODE = re.compile(r'^\s*mode\s*=\s*"([a-z-]{1,16})"')
+_VERSIONED = lazy_re(r"\.so\.([0-9]{3,4}\.[0-9]{1,4}(?:\.[0-9]{1,4})?)$")
+_FIRMWARE = lazy_re(r"/firmware/nvidia/([0-9]{3,4}\.[0-9]{1,4}(?:\.[0-9]{1,4})?)(?:/|$)")
+_GPU_NODE = lazy_re(r"/dev/nvidia([0-9]{1,3})")
+_UUID = lazy_re(r"GPU UUID:\s*(GPU-[0-9a-fA-F-]{36})")
+_MODE = lazy_re(r'^\s*mode\s*=\s*"([a-z-]{1,16})"')
 
 
 def checkable(path: str) -> bool:
@@ -226,6 +221,7 @@ class ContainerCdi(Check[CheckOptions]):
         self, host: Host, findings: Sequence[Finding], context: FixContext
     ) -> list[Remedy]:
         """Enable the toolkit's refresh unit; say how to regenerate each stale spec."""
+        from auditor.remediations.steps import Advice, MakeSymlink, Remedy, RunCommand, evidence
         remedies: list[Remedy] = []
         for finding in findings:
             if finding.subject == "refresh":

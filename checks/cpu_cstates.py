@@ -25,24 +25,17 @@ import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, NamedTuple
+from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 from auditor import environment as where
 from auditor.check import Check, CheckOptions, option
 from auditor.checks.lib import tuned
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity
-from auditor.parsing import format_cpulist, kernel_cmdline_params, parse_cpulist
-from auditor.remediations.steps import (
-    FixContext,
-    MakeSymlink,
-    Remedy,
-    RunCommand,
-    SetValue,
-    Step,
-    WriteFile,
-    evidence,
-)
+from auditor.parsing import format_cpulist, kernel_cmdline_params, lazy_re, parse_cpulist
+
+if TYPE_CHECKING:
+    from auditor.remediations.steps import FixContext, Remedy, Step
 
 CPU_DIR = "/sys/devices/system/cpu"
 DRIVER = f"{CPU_DIR}/cpuidle/current_driver"
@@ -77,11 +70,11 @@ UNIT_NAME = "host-auditor-cpuidle.service"
 UNIT = f"/etc/systemd/system/{UNIT_NAME}"
 WANTS = f"/etc/systemd/system/multi-user.target.wants/{UNIT_NAME}"
 
-_STATE = re.compile(r"state[0-9]+")
-_CPU_NAME = re.compile(r"^cpu([0-9]{1,5})$")
+_STATE = lazy_re(r"state[0-9]+")
+_CPU_NAME = lazy_re(r"^cpu([0-9]{1,5})$")
 #: A kernel CPU list with no number over five digits (a garbled file must not expand
 #: into billions of CPUs).
-_CPU_LIST = re.compile(r"^(?:[0-9]{1,5}(?:-[0-9]{1,5})?)(?:,[0-9]{1,5}(?:-[0-9]{1,5})?)*$")
+_CPU_LIST = lazy_re(r"^(?:[0-9]{1,5}(?:-[0-9]{1,5})?)(?:,[0-9]{1,5}(?:-[0-9]{1,5})?)*$")
 
 
 @dataclass(frozen=True)
@@ -522,6 +515,14 @@ class CpuCstates(Check[CstateOptions]):
         self, host: Host, findings: Sequence[Finding], context: FixContext
     ) -> list[Remedy]:
         """Disable each too-deep state now, and at boot in the idle driver's own way."""
+        from auditor.remediations.steps import (
+            MakeSymlink,
+            Remedy,
+            RunCommand,
+            SetValue,
+            WriteFile,
+            evidence,
+        )
         env = where.environment(host)
         if env.in_container:
             return self.advice_on_the_host(findings, env.describe(),

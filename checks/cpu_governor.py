@@ -7,11 +7,10 @@ with a power-leaning EPP) adds milliseconds of ramp-up to every burst after an i
 
 from __future__ import annotations
 
-import re
 import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from auditor import environment as where
 from auditor.check import Check, CheckOptions, option
@@ -37,18 +36,10 @@ from auditor.checks.lib.cpufreq import (
 )
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity, Status
-from auditor.parsing import format_cpulist
-from auditor.remediations.steps import (
-    Advice,
-    FixContext,
-    MakeSymlink,
-    Remedy,
-    RunCommand,
-    SetValue,
-    Step,
-    WriteFile,
-)
-from auditor.remediations.steps import evidence as evidence_of
+from auditor.parsing import format_cpulist, lazy_re
+
+if TYPE_CHECKING:
+    from auditor.remediations.steps import FixContext, Remedy, Step
 
 #: The governors of Linux's cpufreq core (Documentation/admin-guide/pm/cpufreq.rst).
 GOVERNORS = ("performance", "powersave", "userspace", "ondemand", "conservative", "schedutil")
@@ -60,7 +51,7 @@ WANTS = f"/etc/systemd/system/multi-user.target.wants/{UNIT_NAME}"
 #: ``cpufreq.default_governor`` parameter does not reach them, a unit does.
 SETPOLICY_DRIVERS = ("intel_pstate", "amd-pstate-epp")
 #: Policy names as the check reports them: ``policyN``, or ``cpuN`` without policies.
-_POLICY = re.compile(r"(?:policy|cpu)[0-9]+")
+_POLICY = lazy_re(r"(?:policy|cpu)[0-9]+")
 _BOOST_FILES = {BOOST: "1", INTEL_NO_TURBO: "0"}
 
 
@@ -367,6 +358,16 @@ class CpuGovernor(Check[GovernorOptions]):
         self, host: Host, findings: Sequence[Finding], context: FixContext
     ) -> list[Remedy]:
         """Write the governor to each policy (EPP first), and persist it across reboots."""
+        from auditor.remediations.steps import (
+            MakeSymlink,
+            Remedy,
+            RunCommand,
+            SetValue,
+            WriteFile,
+        )
+        from auditor.remediations.steps import (
+            evidence as evidence_of,
+        )
         env = where.environment(host)
         if env.in_container:
             return self.advice_on_the_host(findings, env.describe())
@@ -453,6 +454,7 @@ class CpuGovernor(Check[GovernorOptions]):
 
     def _other_remedy(self, host: Host, finding: Finding, ev: dict[str, str]) -> Remedy | None:
         """Return the remedy for a boost, max-frequency cap or daemon finding, or None."""
+        from auditor.remediations.steps import Advice, Remedy, SetValue
         if finding.subject == "boost" and ev.get("source") in _BOOST_FILES:
             source = ev["source"]
             return Remedy(

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, NamedTuple
+from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 from auditor import environment
 from auditor.check import Check, CheckOptions, Trigger, option
@@ -39,7 +39,9 @@ from auditor.checks.lib.gpupath import (
 )
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity
-from auditor.remediations.steps import Advice, FixContext, Remedy, evidence
+
+if TYPE_CHECKING:
+    from auditor.remediations.steps import FixContext, Remedy
 
 IOMMU_CLASS = "/sys/class/iommu"
 GROUPS = "/sys/kernel/iommu_groups"
@@ -320,6 +322,7 @@ class IommuMode(Check[IommuOptions]):
         self, host: Host, findings: Sequence[Finding], context: FixContext
     ) -> list[Remedy]:
         """Put passthrough on the boot line; print the runtime procedure as a manual step."""
+        from auditor.remediations.steps import Advice, Remedy, evidence
         problems = {evidence(f).get("problem", "") for f in findings}
         tokens = cmdline_tokens(host)
         notes: list[str] = []

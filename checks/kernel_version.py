@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from auditor.check import Check, CheckOptions, Trigger, option
 from auditor.checks.lib import files, kernels, nvidia, packages, pci
@@ -47,15 +47,10 @@ from auditor.environment import environment
 from auditor.errors import PolicyError
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity, Status
-from auditor.parsing import version_tuple
-from auditor.remediations.steps import (
-    Advice,
-    FixContext,
-    Remedy,
-    evidence,
-    parse_os_release,
-    safe_word,
-)
+from auditor.parsing import parse_os_release, safe_word, version_tuple
+
+if TYPE_CHECKING:
+    from auditor.remediations.steps import Advice, FixContext, Remedy
 
 OS_RELEASE = "/etc/os-release"
 NVIDIA_VENDOR = pci.NVIDIA
@@ -427,6 +422,7 @@ class KernelVersion(Check[KernelOptions]):
         self, host: Host, findings: Sequence[Finding], context: FixContext
     ) -> list[Remedy]:
         """Advise the kernel, driver or module to install; nothing runs unless uncommented."""
+        from auditor.remediations.steps import Advice, Remedy, evidence
         remedies: list[Remedy] = []
         cpuinfo = files.read_optional(host, "/proc/cpuinfo") or ""
         arch = "arm64" if "CPU implementer" in cpuinfo and "vendor_id" not in cpuinfo else "amd64"
@@ -454,6 +450,7 @@ class KernelVersion(Check[KernelOptions]):
 
     def _kernel_remedy(self, finding: Finding, ev: dict[str, str], context: FixContext,
                        arch: str) -> Remedy:
+        from auditor.remediations.steps import Advice, Remedy
         minimum = ev.get("minimum", "") or self.options.minimum
         running = ev.get("running", finding.observed)
         advice: list[Advice] = []
@@ -479,6 +476,7 @@ class KernelVersion(Check[KernelOptions]):
                       advice=tuple(advice), reboot=True)
 
     def _driver_remedy(self, host: Host, finding: Finding, ev: dict[str, str]) -> Remedy:
+        from auditor.remediations.steps import Advice, Remedy
         advice: list[Advice] = []
         release = ev.get("next_boot", "")
         if ev.get("module_fix") and kernels.is_release(release):

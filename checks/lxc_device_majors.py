@@ -28,7 +28,7 @@ import posixpath
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal, NamedTuple
+from typing import TYPE_CHECKING, ClassVar, Literal, NamedTuple
 
 from auditor import environment as where
 from auditor.check import Check, CheckOptions, Trigger
@@ -72,15 +72,10 @@ from auditor.checks.lib.lxc_config import (
 )
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity
-from auditor.remediations.steps import (
-    Advice,
-    FixContext,
-    InsertLine,
-    Remedy,
-    ReplaceLine,
-    Step,
-    evidence,
-)
+from auditor.parsing import lazy_re
+
+if TYPE_CHECKING:
+    from auditor.remediations.steps import Advice, FixContext, Remedy, Step
 
 #: Drivers whose character major never moves.
 FIXED_MAJORS = {"nvidia": 195, "nvidiactl": 195, "drm": 226}
@@ -120,10 +115,10 @@ _NODE_DIRS = frozenset({"/dev/dri", "/dev/nvidia-caps", "/dev/nvidia-caps-imex-c
 #: The nodes LXC's nvidia hook binds besides the GPUs (libnvidia-container's driver
 #: devices): the control node and the unified memory nodes.
 _HOOK_DRIVER_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
-_GPU_NODE = re.compile(r"nvidia([0-9]{1,4})")
-_CONTAINER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_GPU_NODE = lazy_re(r"nvidia([0-9]{1,4})")
+_CONTAINER = lazy_re(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 #: The type and major at the start of a device rule's value (``c 509:* rwm``).
-_RULE_MAJOR = re.compile(r"[cb]\s+([0-9]+)(?=:)")
+_RULE_MAJOR = lazy_re(r"[cb]\s+([0-9]+)(?=:)")
 
 Semantics = Literal["bpf", "kernel", "list"]
 
@@ -790,6 +785,13 @@ class LxcDeviceMajors(Check[CheckOptions]):
         self, host: Host, findings: Sequence[Finding], context: FixContext
     ) -> list[Remedy]:
         """Point each stale allow rule at the device's current major; advise a restart."""
+        from auditor.remediations.steps import (
+            Advice,
+            InsertLine,
+            Remedy,
+            ReplaceLine,
+            evidence,
+        )
         remedies: list[Remedy] = []
         planned: dict[tuple[str, int], str] = {}
         inserted: set[tuple[str, str]] = set()
@@ -872,6 +874,7 @@ class LxcDeviceMajors(Check[CheckOptions]):
 
     def _restart_only(self, finding: Finding, ev: dict[str, str],
                       argv: tuple[str, ...]) -> Remedy:
+        from auditor.remediations.steps import Advice, Remedy
         current = ev.get("current_major", "")
         device = ev.get("device", "the device")
         advice = [Advice(f"restart container {finding.subject}: it runs with the device rules "

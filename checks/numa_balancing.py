@@ -10,7 +10,7 @@ local systemd units and root's ``@reboot`` crontab. The finding names what sets 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import ClassVar, NamedTuple
+from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 from auditor import environment as where
 from auditor.check import Check, CheckOptions
@@ -19,15 +19,9 @@ from auditor.checks.lib.sysctl import Writer
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity
 from auditor.parsing import kernel_cmdline_params
-from auditor.remediations.steps import (
-    Advice,
-    FixContext,
-    Remedy,
-    ReplaceLine,
-    SetValue,
-    Step,
-    WriteFile,
-)
+
+if TYPE_CHECKING:
+    from auditor.remediations.steps import Advice, FixContext, Remedy, Step
 
 SYSCTL_KEY = "kernel.numa_balancing"
 RUNTIME_PATH = "/proc/sys/kernel/numa_balancing"
@@ -267,6 +261,13 @@ class NumaBalancing(Check[CheckOptions]):
         self, host: Host, findings: Sequence[Finding], context: FixContext
     ) -> list[Remedy]:
         """Set kernel.numa_balancing to 0 now and in a file the boot reads."""
+        from auditor.remediations.steps import (
+            Advice,
+            Remedy,
+            ReplaceLine,
+            SetValue,
+            WriteFile,
+        )
         if not findings:
             return []
         env = where.environment(host)

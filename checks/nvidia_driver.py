@@ -18,15 +18,16 @@ next boot's module is ``kernel.version``'s ``nvidia-driver`` subject.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from auditor.check import Check, CheckOptions, Trigger
 from auditor.checks.lib import kernels, modprobe, nvidia, packages, pci
 from auditor.environment import READS as ENVIRONMENT_READS
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity
-from auditor.remediations.steps import Advice, FixContext, Remedy, RunCommand, Step, WriteFile
-from auditor.remediations.steps import evidence as evidence_of
+
+if TYPE_CHECKING:
+    from auditor.remediations.steps import Advice, FixContext, Remedy, Step
 
 #: Package name prefixes of NVIDIA's driver on Debian and Ubuntu (distribution and CUDA repo).
 NVIDIA_PACKAGES = ("nvidia-driver-", "nvidia-utils-", "nvidia-compute-utils-",
@@ -223,6 +224,15 @@ class NvidiaDriver(Check[CheckOptions]):
         self, host: Host, findings: Sequence[Finding], context: FixContext
     ) -> list[Remedy]:
         """Keep NVIDIA packages out of unattended upgrades; say how to reload; banish nouveau."""
+        from auditor.remediations.steps import (
+            Advice,
+            Remedy,
+            RunCommand,
+            WriteFile,
+        )
+        from auditor.remediations.steps import (
+            evidence as evidence_of,
+        )
         remedies: list[Remedy] = []
         for finding in findings:
             ev = evidence_of(finding)
@@ -255,6 +265,7 @@ class NvidiaDriver(Check[CheckOptions]):
         return remedies
 
     def _keep_back(self, host: Host, ev: dict[str, str]) -> Remedy:
+        from auditor.remediations.steps import Advice, Remedy, WriteFile
         steps: list[Step] = []
         advice: list[Advice] = []
         notes: list[str] = []

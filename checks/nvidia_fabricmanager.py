@@ -13,9 +13,8 @@ see no local NVSwitch (the switches sit in their own trays): they are skipped.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from auditor.check import Check, CheckOptions, Trigger
 from auditor.checks.lib import nvidia, packages, pci, units
@@ -23,22 +22,18 @@ from auditor.environment import READS as ENVIRONMENT_READS
 from auditor.environment import environment
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity
-from auditor.remediations.steps import (
-    Advice,
-    FixContext,
-    MakeSymlink,
-    Remedy,
-    RunCommand,
-    evidence,
-)
+from auditor.parsing import lazy_re
+
+if TYPE_CHECKING:
+    from auditor.remediations.steps import Advice, FixContext, MakeSymlink, Remedy, RunCommand
 
 UNIT = "nvidia-fabricmanager.service"
 COMM = "nv-fabricmanager"
 PIDFILES = ("/run/nvidia-fabricmanager/nv-fabricmanager.pid",
             "/var/run/nvidia-fabricmanager/nv-fabricmanager.pid")
 NVSWITCH_NODES = "/dev/nvidia-nvswitch[0-9]*"
-_PACKAGE = re.compile(r"nvidia-fabricmanager(?:-([0-9]{3,4}))?")
-_DEB_VERSION = re.compile(r"(?:[0-9]+:)?([0-9]{1,4}\.[0-9]{1,4}(?:\.[0-9]{1,4})?)")
+_PACKAGE = lazy_re(r"nvidia-fabricmanager(?:-([0-9]{3,4}))?")
+_DEB_VERSION = lazy_re(r"(?:[0-9]+:)?([0-9]{1,4}\.[0-9]{1,4}(?:\.[0-9]{1,4})?)")
 
 
 def package_version(host: Host) -> tuple[str, str] | None:
@@ -140,6 +135,7 @@ class NvidiaFabricmanager(Check[CheckOptions]):
         self, host: Host, findings: Sequence[Finding], context: FixContext
     ) -> list[Remedy]:
         """Enable the unit where it is installed; say which package and version to install."""
+        from auditor.remediations.steps import Advice, MakeSymlink, Remedy, RunCommand, evidence
         remedies: list[Remedy] = []
         unit = units.read_unit(host, UNIT)
         for finding in findings:

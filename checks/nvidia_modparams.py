@@ -18,7 +18,7 @@ as written without quotes.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import ClassVar, NamedTuple
+from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 from auditor.check import Check, CheckOptions, Trigger
 from auditor.checks.lib import files, modprobe, nvidia
@@ -26,7 +26,9 @@ from auditor.environment import READS as ENVIRONMENT_READS
 from auditor.environment import environment
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity
-from auditor.remediations.steps import Advice, FixContext, Remedy, evidence
+
+if TYPE_CHECKING:
+    from auditor.remediations.steps import Advice, FixContext, Remedy
 
 MODULES = ("nvidia", "nvidia_uvm", "nvidia_drm", "nvidia_modeset", "nvidia_peermem")
 #: nvidia.ko parameters that exist but are not printed in /proc/driver/nvidia/params
@@ -217,6 +219,7 @@ class NvidiaModparams(Check[CheckOptions]):
         self, host: Host, findings: Sequence[Finding], context: FixContext
     ) -> list[Remedy]:
         """Say how to make the configured options live: initramfs, reload, or reboot."""
+        from auditor.remediations.steps import Advice, Remedy, evidence
         remedies: list[Remedy] = []
         ramfs = modprobe.initramfs(host, MODULES)
         for finding in findings:

@@ -16,7 +16,7 @@ was not collected, the unit's ExecStart says what it was started with. Legacy pe
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from auditor.check import Check, CheckOptions, Trigger
 from auditor.checks.lib import nvidia, pci, units
@@ -24,16 +24,9 @@ from auditor.environment import READS as ENVIRONMENT_READS
 from auditor.environment import environment
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity
-from auditor.remediations.steps import (
-    Advice,
-    FixContext,
-    MakeSymlink,
-    Remedy,
-    RunCommand,
-    Step,
-    WriteFile,
-    evidence,
-)
+
+if TYPE_CHECKING:
+    from auditor.remediations.steps import Advice, FixContext, Remedy, Step
 
 UNIT = "nvidia-persistenced.service"
 PIDFILES = ("/run/nvidia-persistenced/nvidia-persistenced.pid",
@@ -161,6 +154,14 @@ class NvidiaPersistence(Check[CheckOptions]):
         self, host: Host, findings: Sequence[Finding], context: FixContext
     ) -> list[Remedy]:
         """Drop --no-persistence-mode with a drop-in; enable the unit where it can be enabled."""
+        from auditor.remediations.steps import (
+            Advice,
+            MakeSymlink,
+            Remedy,
+            RunCommand,
+            WriteFile,
+            evidence,
+        )
         remedies: list[Remedy] = []
         unit = units.read_unit(host, UNIT)
         for finding in findings:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from auditor.check import Check, CheckOptions, Trigger, option
 from auditor.checks.lib import files, kernels, modprobe, nvidia, pci
@@ -28,15 +28,9 @@ from auditor.environment import environment
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity, Status
 from auditor.parsing import kernel_cmdline_params
-from auditor.remediations.steps import (
-    Advice,
-    FixContext,
-    Remedy,
-    ReplaceLine,
-    RunCommand,
-    Step,
-    WriteFile,
-)
+
+if TYPE_CHECKING:
+    from auditor.remediations.steps import FixContext, Remedy, Step
 
 MODULE = "nvidia_uvm"
 PARAM = "uvm_disable_hmm"
@@ -223,6 +217,13 @@ class NvidiaUvmHmm(Check[UvmHmmOptions]):
         self, host: Host, findings: Sequence[Finding], context: FixContext
     ) -> list[Remedy]:
         """Set uvm_disable_hmm=1 in modprobe.d, rebuild the initramfs where it carries nvidia."""
+        from auditor.remediations.steps import (
+            Advice,
+            Remedy,
+            ReplaceLine,
+            RunCommand,
+            WriteFile,
+        )
         remedies: list[Remedy] = []
         for finding in findings:
             config = modprobe.read_config(host)

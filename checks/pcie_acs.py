@@ -19,11 +19,17 @@ AER/DPC recovery, reset, hot-plug) while an IOMMU is active; the command line su
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import ClassVar, NamedTuple
+from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 from auditor import environment
 from auditor.check import Check, CheckOptions, Trigger
 from auditor.checks.lib import pci, pcicmdline
+from auditor.checks.lib.bootloader import (
+    GRUB_DEFAULT,
+    GRUB_DROP_INS,
+    KERNEL_CMDLINE,
+    PROXMOX_BOOT_UUIDS,
+)
 from auditor.checks.lib.gpupath import (
     CMDLINE,
     NODE_READS,
@@ -39,13 +45,9 @@ from auditor.checks.lib.gpupath import (
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity
 from auditor.parsing import version_tuple
-from auditor.remediations.boot import (
-    GRUB_DEFAULT,
-    GRUB_DROP_INS,
-    KERNEL_CMDLINE,
-    PROXMOX_BOOT_UUIDS,
-)
-from auditor.remediations.steps import Advice, FixContext, Remedy, SetPciBits, evidence
+
+if TYPE_CHECKING:
+    from auditor.remediations.steps import FixContext, Remedy
 
 IOMMU_CLASS = "/sys/class/iommu"
 #: amdgpu's xGMI hive of a GPU: Instinct GPUs in one hive talk over Infinity Fabric links.
@@ -292,6 +294,7 @@ class PcieAcs(Check[CheckOptions]):
         self, host: Host, findings: Sequence[Finding], context: FixContext
     ) -> list[Remedy]:
         """Clear R, C and E now with setpci, and name the ports in one boot-line token."""
+        from auditor.remediations.steps import Advice, Remedy, SetPciBits, evidence
         problems = {evidence(f).get("problem", "") for f in findings}
         ports = [f for f in findings if evidence(f).get("problem") in ("redirect", "runtime-only")
                  and pci.is_pci_address(f.subject)]

@@ -17,7 +17,7 @@ Control bits of Link Control are read from config space (root).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from auditor import environment
 from auditor.check import Check, CheckOptions, Trigger
@@ -25,16 +25,9 @@ from auditor.checks.lib import pci
 from auditor.checks.lib.gpupath import CMDLINE, cmdline_tokens, params, short_list
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity
-from auditor.remediations.steps import (
-    FixContext,
-    Remedy,
-    RunCommand,
-    SetPciBits,
-    SetValue,
-    Step,
-    WriteFile,
-    evidence,
-)
+
+if TYPE_CHECKING:
+    from auditor.remediations.steps import FixContext, Remedy, Step
 
 POLICY = "/sys/module/pcie_aspm/parameters/policy"
 UDEV_RULE = "/etc/udev/rules.d/99-host-auditor-pcie-port-pm.rules"
@@ -238,6 +231,14 @@ class PcieAspm(Check[CheckOptions]):
         self, host: Host, findings: Sequence[Finding], context: FixContext
     ) -> list[Remedy]:
         """Turn ASPM off on each link and keep each port powered, now and at boot."""
+        from auditor.remediations.steps import (
+            Remedy,
+            RunCommand,
+            SetPciBits,
+            SetValue,
+            WriteFile,
+            evidence,
+        )
         remedies: list[Remedy] = []
         boot: list[str] = []
         rules: list[str] = []

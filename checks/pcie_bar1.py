@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from auditor import environment
 from auditor.check import Check, CheckOptions, option
@@ -22,15 +22,10 @@ from auditor.checks.lib import pci
 from auditor.checks.lib.gpupath import peers
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity
-from auditor.remediations.steps import (
-    Advice,
-    FixContext,
-    Remedy,
-    RunCommand,
-    Step,
-    WriteFile,
-    evidence,
-)
+from auditor.parsing import lazy_re
+
+if TYPE_CHECKING:
+    from auditor.remediations.steps import FixContext, Remedy, Step
 
 NVIDIA_PARAMS = "/proc/driver/nvidia/params"
 NVIDIA_INFO = "/proc/driver/nvidia/gpus/*/information"
@@ -48,7 +43,7 @@ GPU_MEMORY_GIB = {
     (pci.NVIDIA, 0x26B5): 48, (pci.NVIDIA, 0x26B9): 48, (pci.NVIDIA, 0x27B8): 24,
     (pci.AMD_GPU, 0x74A1): 192, (pci.AMD_GPU, 0x74A5): 256, (pci.AMD_GPU, 0x740C): 128,
 }
-_MODEL_GB = re.compile(r"\b([0-9]{2,3}) ?GB\b", re.ASCII)
+_MODEL_GB = lazy_re(r"\b([0-9]{2,3}) ?GB\b", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -189,6 +184,13 @@ class PcieBar1(Check[Bar1Options]):
         self, host: Host, findings: Sequence[Finding], context: FixContext
     ) -> list[Remedy]:
         """Name the BIOS settings; have the NVIDIA driver resize BAR1 at its next load."""
+        from auditor.remediations.steps import (
+            Advice,
+            Remedy,
+            RunCommand,
+            WriteFile,
+            evidence,
+        )
         if not findings:
             return []
         nvidia = [f for f in findings if "EnableResizableBar" in evidence(f)]

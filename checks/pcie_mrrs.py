@@ -18,10 +18,9 @@ its ends support caps every device below it, although their own links read x16.
 from __future__ import annotations
 
 import enum
-import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from auditor import environment
 from auditor.check import Check, CheckOptions, Trigger, option
@@ -29,15 +28,10 @@ from auditor.checks.lib import pci
 from auditor.checks.lib.gpupath import NODE_READS, nvlink_c2c
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity, Status
-from auditor.remediations.steps import (
-    Advice,
-    FixContext,
-    Remedy,
-    RunCommand,
-    SetPciBits,
-    WriteFile,
-    evidence,
-)
+from auditor.parsing import lazy_re
+
+if TYPE_CHECKING:
+    from auditor.remediations.steps import FixContext, Remedy
 
 #: Base class / sub-class pairs (the upper 16 bits of the class code) judged as GPUs:
 #: VGA (0x0300), 3D controller (0x0302, data-centre NVIDIA parts), other display
@@ -52,8 +46,8 @@ _MAX_MRRS_CODE = 5
 #: MaxPayload (bits 7:5) and every other bit as the device has them.
 REGISTER = "CAP_EXP+08.w"
 UDEV_RULE = "/etc/udev/rules.d/99-host-auditor-pcie-mrrs.rules"
-_FIX_ADDRESS = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
-_ID = re.compile(r"0x[0-9a-f]{4}")
+_FIX_ADDRESS = lazy_re(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+_ID = lazy_re(r"0x[0-9a-f]{4}")
 #: Vendors whose functions in a guest are the hypervisor's inventions: Red Hat/QEMU virtio
 #: and bridges (0x1af4, 0x1b36), QEMU's VGA (0x1234), VMware (0x15ad), VirtualBox
 #: (0x80ee), Hyper-V (0x1414).
@@ -379,6 +373,14 @@ class PcieMrrs(Check[MrrsOptions]):
         self, host: Host, findings: Sequence[Finding], context: FixContext
     ) -> list[Remedy]:
         """Set MaxReadReq on each device found short, and add a udev rule that keeps it."""
+        from auditor.remediations.steps import (
+            Advice,
+            Remedy,
+            RunCommand,
+            SetPciBits,
+            WriteFile,
+            evidence,
+        )
         target = self.options.min_read_request_bytes
         value, mask = mrrs_setpci_value(target).split(":")
         remedies: list[Remedy] = []

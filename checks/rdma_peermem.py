@@ -11,7 +11,7 @@ does not load it on its own.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from auditor.check import Check, CheckOptions, Trigger
 from auditor.checks.lib import files, kernels, nvidia, pci
@@ -20,7 +20,9 @@ from auditor.environment import environment
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity
 from auditor.parsing import version_tuple
-from auditor.remediations.steps import Advice, FixContext, Remedy, WriteFile
+
+if TYPE_CHECKING:
+    from auditor.remediations.steps import FixContext, Remedy
 
 MODULES_LOAD_DIRS = ("/etc/modules-load.d", "/run/modules-load.d", "/usr/local/lib/modules-load.d",
                      "/usr/lib/modules-load.d", "/lib/modules-load.d")
@@ -139,6 +141,7 @@ class RdmaPeermem(Check[CheckOptions]):
         self, host: Host, findings: Sequence[Finding], context: FixContext
     ) -> list[Remedy]:
         """Load nvidia-peermem at every boot (modules-load.d); say how to load it now."""
+        from auditor.remediations.steps import Advice, Remedy, WriteFile
         return [Remedy(
             check=self.id, subject=finding.subject, title="load nvidia-peermem at boot",
             persistent=(WriteFile(CONF, "# Written by host-auditor: GPUDirect RDMA for NCCL.\n"

@@ -9,7 +9,6 @@ rollback performs from what the fix recorded before changing anything.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -195,25 +194,3 @@ class FixContext:
 def evidence(finding: Finding) -> dict[str, str]:
     """Return a finding's evidence as a dict."""
     return dict(finding.evidence)
-
-
-def parse_os_release(text: str) -> dict[str, str]:
-    """Parse os-release ``KEY=value`` lines, unquoting values."""
-    values: dict[str, str] = {}
-    for raw in text.splitlines():
-        key, sep, value = raw.strip().partition("=")
-        if not sep or not re.fullmatch(r"[A-Z0-9_]+", key):
-            continue
-        value = value.strip()
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
-            value = value[1:-1]
-        values[key] = value
-    return values
-
-
-_SAFE_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:+-]*")
-
-
-def safe_word(text: str) -> bool:
-    """Return whether ``text`` is a plain word (a version, a codename, a device id)."""
-    return bool(_SAFE_WORD.fullmatch(text))

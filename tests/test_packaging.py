@@ -71,3 +71,29 @@ def test_a_json_audit_imports_neither_jinja_nor_ssh_libraries() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=False)
     assert result.stderr.strip() == "[]"
+
+
+def test_loading_the_checks_imports_no_fix_machinery() -> None:
+    """Every run imports every check: what only a fix or some hosts need waits until used."""
+    code = ("import sys; from auditor.registry import load_checks; load_checks(); "
+            "late = sorted(m for m in ('auditor.remediations.steps', 'auditor.remediations.boot',"
+            " 'auditor.fix', 'jinja2', 'configparser', 'hashlib') if m in sys.modules); "
+            "print(late, file=sys.stderr)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=False)
+    assert result.stderr.strip() == "[]"
+
+
+@pytest.mark.parametrize(("filename", "count"), [("checks/planted.py", 1),
+                                                 ("auditor/planted.py", 0)])
+def test_ruff_keeps_the_remedy_model_out_of_a_check_modules_imports(
+        filename: str, count: int) -> None:
+    source = ("from __future__ import annotations\n\n"
+              "from auditor.remediations.steps import Remedy\n\n"
+              "def fix() -> Remedy:\n    return Remedy('a.b', 's', 't')\n")
+    ruff = Path(sys.executable).with_name("ruff")
+    result = subprocess.run([str(ruff), "check", "--no-cache", "--config",
+                             str(ROOT / "pyproject.toml"), "--select", "TID253",
+                             "--stdin-filename", str(ROOT / filename), "-"],
+                            input=source, capture_output=True, text=True, check=False, cwd=ROOT)
+    assert result.stdout.count("TID253") == count, result.stdout

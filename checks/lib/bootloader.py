@@ -23,14 +23,13 @@ that adds parameters). What each boot loader reads:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from auditor.checks.lib import files
 from auditor.hosts.base import Host
-from auditor.parsing import kernel_cmdline_params
+from auditor.parsing import kernel_cmdline_params, lazy_re
 
 GRUB_DEFAULT = "/etc/default/grub"
 GRUB_DROP_INS = "/etc/default/grub.d/*.cfg"
@@ -52,9 +51,9 @@ READS: tuple[str, ...] = (GRUB_DEFAULT, GRUB_DROP_INS, *GRUB_CFGS, *GRUBENVS, GR
 _MAX_LINES = 2048
 _MAX_LINE = 4096
 _MAX_TOKENS = 512
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
-_BACKSLASH = re.compile(r"\\(.)")
-_ASSIGNMENT = re.compile(r"\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]{0,63})=")
+_NAME = lazy_re(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+_BACKSLASH = lazy_re(r"\\(.)")
+_ASSIGNMENT = lazy_re(r"\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]{0,63})=")
 
 
 class Source(NamedTuple):
@@ -469,7 +468,7 @@ def configured(host: Host, release: str, os_release: Mapping[str, str]) -> Confi
 
 # -- editing a configured token where it is written ---------------------------------------
 
-_ASSIGNED_VALUE = re.compile(
+_ASSIGNED_VALUE = lazy_re(
     r"^(?P<head>\s*(?:export\s+)?(?P<name>[A-Za-z_][A-Za-z0-9_]{0,63})=)"
     r"(?:(?P<q>[\"'])(?P<quoted>[^\"']*)(?P=q)|(?P<bare>[^\s\"'#;]*))(?P<tail>.*)$"
 )

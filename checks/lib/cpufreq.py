@@ -9,7 +9,7 @@ import re
 from typing import NamedTuple
 
 from auditor.hosts.base import Host
-from auditor.parsing import parse_cpulist
+from auditor.parsing import lazy_re, parse_cpulist
 
 CPU_DIR = "/sys/devices/system/cpu"
 CPUFREQ = f"{CPU_DIR}/cpufreq"
@@ -53,9 +53,9 @@ REVERTING_DAEMONS: dict[str, tuple[str, str]] = {
     "tlp": ("tlp", "set CPU_SCALING_GOVERNOR_ON_AC=performance in /etc/tlp.conf"),
 }
 
-_POLICY_NAME = re.compile(r"^policy([0-9]{1,5})$")
-_CPU_NAME = re.compile(r"^cpu([0-9]{1,5})$")
-_CPU_LIST = re.compile(r"^[0-9,\-:/]*$")
+_POLICY_NAME = lazy_re(r"^policy([0-9]{1,5})$")
+_CPU_NAME = lazy_re(r"^cpu([0-9]{1,5})$")
+_CPU_LIST = lazy_re(r"^[0-9,\-:/]*$")
 
 
 class CpufreqPolicy(NamedTuple):

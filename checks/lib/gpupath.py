@@ -9,13 +9,12 @@ path and settings), and so are NVSwitches (NVLink, not PCIe, carries their traff
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 from auditor.checks.lib import pci
 from auditor.hosts.base import Host
-from auditor.parsing import version_tuple
+from auditor.parsing import lazy_re, version_tuple
 
 CMDLINE = "/proc/cmdline"
 CPUINFO = "/proc/cpuinfo"
@@ -87,7 +86,7 @@ def kernel_before(host: Host, version: tuple[int, ...]) -> bool | None:
     return numbers < version if len(numbers) >= 2 else None
 
 
-_NODE = re.compile(r"node([0-9]{1,4})")
+_NODE = lazy_re(r"node([0-9]{1,4})")
 
 
 class NumaNodes(NamedTuple):

@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 from auditor.checks.lib import files
 from auditor.hosts.base import Host
-from auditor.parsing import version_tuple
+from auditor.parsing import lazy_re, version_tuple
 
 OSRELEASE = "/proc/sys/kernel/osrelease"
 PROC_VERSION = "/proc/version"
@@ -55,8 +55,8 @@ MODULE_READS: tuple[str, ...] = (
     *(f"{DKMS}/{driver}/*/*" for driver in GPU_DRIVERS),
 )
 
-_PROC_VERSION = re.compile(r"Linux version (\S{1,200})")
-_RELEASE = re.compile(r"[0-9][A-Za-z0-9._+~-]{0,127}", re.ASCII)
+_PROC_VERSION = lazy_re(r"Linux version (\S{1,200})")
+_RELEASE = lazy_re(r"[0-9][A-Za-z0-9._+~-]{0,127}", re.ASCII)
 #: modules.dep can be large on distribution kernels (~0.5 MiB); read at most this much.
 _DEP_LIMIT = 8 << 20
 
@@ -123,13 +123,13 @@ UBUNTU_FLAVOURS = (
 CLOUD_FLAVOURS = frozenset({"aws", "aws-64k", "aws-fips", "azure", "azure-fips", "azure-cvm",
                             "gcp", "gcp-fips", "gke", "gkeop", "oracle", "oracle-64k", "ibm",
                             "kvm"})
-_UBUNTU = re.compile(r"([0-9]{1,3})\.([0-9]{1,3})\.[0-9]{1,3}-([0-9]{1,6})-([a-z0-9-]{2,32})")
-_DEBIAN = re.compile(r"([0-9]{1,3})\.([0-9]{1,3})\.[0-9]{1,3}(?:\+bpo)?-(?:[0-9]{1,4}-)?"
+_UBUNTU = lazy_re(r"([0-9]{1,3})\.([0-9]{1,3})\.[0-9]{1,3}-([0-9]{1,6})-([a-z0-9-]{2,32})")
+_DEBIAN = lazy_re(r"([0-9]{1,3})\.([0-9]{1,3})\.[0-9]{1,3}(?:\+bpo)?-(?:[0-9]{1,4}-)?"
                      r"((?:cloud-|rt-)?(?:amd64|arm64|686-pae|686))")
-_EL = re.compile(r"\.el([0-9]{1,2})(?:_([0-9]{1,2}))?(uek)?(?:\.|$)")
-_FEDORA = re.compile(r"\.fc([0-9]{1,3})(?:\.|$)")
-_AMZN = re.compile(r"\.amzn([0-9]{1,4})(?:\.|$)")
-_PVE = re.compile(r"([0-9]{1,3})\.([0-9]{1,3})\.[0-9]{1,3}-[0-9]{1,4}-pve")
+_EL = lazy_re(r"\.el([0-9]{1,2})(?:_([0-9]{1,2}))?(uek)?(?:\.|$)")
+_FEDORA = lazy_re(r"\.fc([0-9]{1,3})(?:\.|$)")
+_AMZN = lazy_re(r"\.amzn([0-9]{1,4})(?:\.|$)")
+_PVE = lazy_re(r"([0-9]{1,3})\.([0-9]{1,3})\.[0-9]{1,3}-[0-9]{1,4}-pve")
 
 #: Ubuntu LTS releases: the GA kernel series and the HWE series in the order they came.
 #: The last HWE series is the one the ``linux-generic-hwe-<release>`` metapackage follows;
@@ -307,8 +307,8 @@ def next_boot(host: Host, running: str, installed: Iterable[str]) -> NextBoot | 
 
 # -- GPU modules ----------------------------------------------------------------------------
 
-_DKMS_VERSION = re.compile(r"[0-9][A-Za-z0-9.+~-]{0,63}")
-_BRANCH_DIR = re.compile(r"nvidia-([0-9]{3,4})(?:[-a-z]{0,24})")
+_DKMS_VERSION = lazy_re(r"[0-9][A-Za-z0-9.+~-]{0,63}")
+_BRANCH_DIR = lazy_re(r"nvidia-([0-9]{3,4})(?:[-a-z]{0,24})")
 
 
 class GpuModule(NamedTuple):
@@ -405,8 +405,8 @@ def gpu_modules(host: Host, release: str, driver: str) -> ModuleSearch:
 
 CPUINFO = "/proc/cpuinfo"
 KERNEL_CONFIGS = "/boot/config-*"
-_CONFIG_LINE = re.compile(r"(CONFIG_[A-Z0-9_]{1,80})=(.{0,256})")
-_NOT_SET = re.compile(r"# (CONFIG_[A-Z0-9_]{1,80}) is not set")
+_CONFIG_LINE = lazy_re(r"(CONFIG_[A-Z0-9_]{1,80})=(.{0,256})")
+_NOT_SET = lazy_re(r"# (CONFIG_[A-Z0-9_]{1,80}) is not set")
 
 
 def machine(host: Host) -> str:

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import fnmatch
 import posixpath
-import re
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
 from auditor.hosts.base import Host
+from auditor.parsing import lazy_re
 
 Flavour = Literal["proxmox", "lxc"]
 CgroupMode = Literal["v2", "v1", "unknown"]
@@ -53,10 +53,10 @@ _KEY_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123
 #: The longest config line parsed; a longer one is junk (real ones are well under 4 KiB).
 MAX_LINE = 1 << 16
 _ASCII_SPACE = " \t\n\r\f\v"
-_SECTION = re.compile(r"\[[^\[\]\n]+\]\s*")
-_DEV_KEY = re.compile(r"dev[0-9]+")
+_SECTION = lazy_re(r"\[[^\[\]\n]+\]\s*")
+_DEV_KEY = lazy_re(r"dev[0-9]+")
 _ACCESS = frozenset("rwm")
-_OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
+_OCTAL_ESCAPE = lazy_re(r"\\([0-7]{3})")
 
 
 @dataclass(frozen=True)
@@ -437,7 +437,7 @@ READS: tuple[str, ...] = (
     *(f"{logs}/*/lxc.conf" for _, _, logs in INSTANCE_DIRS),
 )
 
-_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_SAFE_NAME = lazy_re(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 class Entry(NamedTuple):

@@ -19,11 +19,11 @@ Everything read is bounded: at most :data:`MAX_FILES` files, :data:`MAX_LINES` l
 
 from __future__ import annotations
 
-import re
 from typing import NamedTuple
 
 from auditor.checks.lib import files
 from auditor.hosts.base import Host
+from auditor.parsing import lazy_re
 
 #: kmod's configuration directories, in precedence order.
 MODPROBE_DIRS = ("/etc/modprobe.d", "/run/modprobe.d", "/usr/local/lib/modprobe.d",
@@ -39,9 +39,9 @@ MAX_LINE = 8192
 _READ_LIMIT = 1 << 20
 
 #: A module name as modprobe takes it (after ``-`` became ``_``).
-_MODULE = re.compile(r"[A-Za-z0-9_]{1,64}")
+_MODULE = lazy_re(r"[A-Za-z0-9_]{1,64}")
 #: A parameter name.
-_PARAM = re.compile(r"[A-Za-z0-9_]{1,128}")
+_PARAM = lazy_re(r"[A-Za-z0-9_]{1,128}")
 
 
 def module_name(name: str) -> str:
@@ -248,9 +248,9 @@ MKINITCPIO_CONFS = ("/etc/mkinitcpio.conf", "/etc/mkinitcpio.conf.d/*.conf")
 INITRAMFS_READS: tuple[str, ...] = (*DRACUT_CONFS, INITRAMFS_TOOLS_MODULES, "/etc/initramfs-tools",
                                     *INITRAMFS_TOOLS_HOOKS, *MKINITCPIO_CONFS)
 
-_DRACUT_DRIVERS = re.compile(
+_DRACUT_DRIVERS = lazy_re(
     r"^\s*(add_drivers|force_drivers|omit_drivers)\+?=\s*[\"']([^\"']*)[\"']")
-_MKINITCPIO_MODULES = re.compile(r"^\s*MODULES=\(([^)]*)\)")
+_MKINITCPIO_MODULES = lazy_re(r"^\s*MODULES=\(([^)]*)\)")
 
 
 class Initramfs(NamedTuple):

@@ -25,11 +25,11 @@ checks. Sources:
 from __future__ import annotations
 
 import fnmatch
-import re
 from typing import NamedTuple
 
 from auditor.checks.lib import files, pci
 from auditor.hosts.base import Host
+from auditor.parsing import lazy_re
 
 PROC_VERSION = "/proc/driver/nvidia/version"
 PROC_PARAMS = "/proc/driver/nvidia/params"
@@ -61,8 +61,8 @@ BLACKWELL_DEVICE_RANGES = (
 PASSTHROUGH_DRIVERS = frozenset({"vfio-pci", "pci-stub"})
 
 #: A driver version: 2 or 3 dot-separated numbers (``580.95.05``, ``535.104``).
-_VERSION = re.compile(r"(?<![0-9.])([0-9]{1,4}\.[0-9]{1,4}(?:\.[0-9]{1,4})?)(?![0-9.])")
-_FULL_VERSION = re.compile(r"[0-9]{1,4}\.[0-9]{1,4}(?:\.[0-9]{1,4})?")
+_VERSION = lazy_re(r"(?<![0-9.])([0-9]{1,4}\.[0-9]{1,4}(?:\.[0-9]{1,4})?)(?![0-9.])")
+_FULL_VERSION = lazy_re(r"[0-9]{1,4}\.[0-9]{1,4}(?:\.[0-9]{1,4})?")
 _MAX_LINE = 512
 
 
@@ -141,7 +141,7 @@ def nvswitches(host: Host) -> list[pci.PciDevice]:
 
 #: Option names whose registry name differs (nv-reg.h ``NV_DEFINE_PARAMS_TABLE_ENTRY_CUSTOM_NAME``).
 REGISTRY_NAMES = {"RestrictProfilingToAdminUsers": "RmProfilingAdminOnly"}
-_PARAM_LINE = re.compile(r"([A-Za-z0-9_]{1,64}): (.{0,4096})")
+_PARAM_LINE = lazy_re(r"([A-Za-z0-9_]{1,64}): (.{0,4096})")
 
 
 def parse_params(text: str) -> dict[str, str]:
@@ -206,7 +206,7 @@ USERSPACE_READS: tuple[str, ...] = (
       for lib in LIBRARIES),
     *(f"{d}/{lib}.1" for d in LD_SO_CONF_PATTERNS for lib in LIBRARIES),
 )
-_LIB_VERSION = re.compile(
+_LIB_VERSION = lazy_re(
     r"(libcuda\.so|libnvidia-ml\.so)\.([0-9]{1,4}\.[0-9]{1,4}(?:\.[0-9]{1,4})?)")
 
 
@@ -296,7 +296,7 @@ def userspace(host: Host) -> Userspace:
 
 # -- daemons ---------------------------------------------------------------------------
 
-_PID = re.compile(r"[1-9][0-9]{0,9}")
+_PID = lazy_re(r"[1-9][0-9]{0,9}")
 
 
 class Daemon(NamedTuple):

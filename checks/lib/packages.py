@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 from auditor.checks.lib import files
 from auditor.hosts.base import Host
+from auditor.parsing import lazy_re
 
 DPKG_STATUS = "/var/lib/dpkg/status"
 APT_CONF_D = "/etc/apt/apt.conf.d/*"
@@ -44,7 +45,7 @@ UPGRADE_READS: tuple[str, ...] = (APT_CONF, APT_CONF_D, UNATTENDED_BINARY, DNF_A
 
 _STATUS_LIMIT = 8 << 20
 _MAX_PACKAGES = 20000
-_NAME = re.compile(r"[a-z0-9][a-z0-9+.-]{0,127}")
+_NAME = lazy_re(r"[a-z0-9][a-z0-9+.-]{0,127}")
 
 
 class Package(NamedTuple):
@@ -133,8 +134,8 @@ def dpkg_packages(host: Host) -> Packages:
 
 # -- automatic upgrades ----------------------------------------------------------------------
 
-_APT_SETTING = re.compile(r'^\s*([A-Za-z0-9:_-]{1,128})\s+"([^"]{0,256})"\s*;')
-_QUOTED = re.compile(r'"([^"]{0,256})"')
+_APT_SETTING = lazy_re(r'^\s*([A-Za-z0-9:_-]{1,128})\s+"([^"]{0,256})"\s*;')
+_QUOTED = lazy_re(r'"([^"]{0,256})"')
 
 
 class UpgradePolicy(NamedTuple):

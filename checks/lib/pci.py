@@ -13,6 +13,7 @@ import re
 from typing import NamedTuple
 
 from auditor.hosts.base import Host
+from auditor.parsing import lazy_re
 
 PCI_DEVICES = "/sys/bus/pci/devices"
 INFINIBAND = "/sys/class/infiniband"
@@ -49,7 +50,7 @@ BRIDGE_PCI_CLASS = 0x0604
 
 #: ``domain:bus:device.function``; the domain has more than four digits behind
 #: Intel VMD. Anything else in the directory is ignored, never interpolated.
-_ADDRESS = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[01][0-9a-f]\.[0-7]", re.ASCII)
+_ADDRESS = lazy_re(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[01][0-9a-f]\.[0-7]", re.ASCII)
 
 #: What an unprivileged read of sysfs ``config`` returns: the standard header only.
 UNPRIVILEGED_CONFIG_BYTES = 64
@@ -609,7 +610,7 @@ IOMMU_GROUP_READS = (f"{PCI_DEVICES}/*/iommu_group",)
 
 #: Small sysfs attributes are a line; nothing here needs more.
 _ATTRIBUTE_LIMIT = 4096
-_NUMBER = re.compile(r"-?[0-9]{1,19}", re.ASCII)
+_NUMBER = lazy_re(r"-?[0-9]{1,19}", re.ASCII)
 
 
 def read_attribute(host: Host, address: str, name: str) -> str | None:
@@ -629,7 +630,7 @@ def numa_node(host: Host, address: str) -> int | None:
     return read_int(host, address, "numa_node")
 
 
-_CPULIST = re.compile(r"[0-9]{1,5}(?:-[0-9]{1,5})?(?:,[0-9]{1,5}(?:-[0-9]{1,5})?){0,1023}",
+_CPULIST = lazy_re(r"[0-9]{1,5}(?:-[0-9]{1,5})?(?:,[0-9]{1,5}(?:-[0-9]{1,5})?){0,1023}",
                       re.ASCII)
 
 
@@ -654,7 +655,7 @@ class Resource(NamedTuple):
 
 #: BARs 0-5, the ROM, then bridge windows or SR-IOV BARs: never more than 17 lines.
 _MAX_RESOURCE_LINES = 17
-_RESOURCE_LINE = re.compile(r"0x([0-9a-f]{1,16}) 0x([0-9a-f]{1,16}) 0x([0-9a-f]{1,16})", re.ASCII)
+_RESOURCE_LINE = lazy_re(r"0x([0-9a-f]{1,16}) 0x([0-9a-f]{1,16}) 0x([0-9a-f]{1,16})", re.ASCII)
 
 
 def resources(host: Host, address: str) -> list[Resource] | None:
@@ -712,7 +713,7 @@ class RuntimePm(NamedTuple):
     suspended_ms: int | None
 
 
-_WORD = re.compile(r"[a-z][a-z_-]{0,31}", re.ASCII)
+_WORD = lazy_re(r"[a-z][a-z_-]{0,31}", re.ASCII)
 
 
 def runtime_pm(host: Host, address: str) -> RuntimePm | None:

@@ -20,15 +20,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 from auditor.checks.lib import pci
+from auditor.parsing import lazy_re
 
 #: The value of one option may be long (a list of devices), but not unbounded.
 _MAX_ITEMS = 256
-_ADDRESS = re.compile(r"(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\."
+_ADDRESS = lazy_re(r"(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\."
                       r"([0-7])", re.ASCII)
-_STEP = re.compile(r"([0-9a-fA-F]{1,2})\.([0-7])", re.ASCII)
-_IDS = re.compile(r"pci:([0-9a-fA-F]{1,4}):([0-9a-fA-F]{1,4})"
+_STEP = lazy_re(r"([0-9a-fA-F]{1,2})\.([0-7])", re.ASCII)
+_IDS = lazy_re(r"pci:([0-9a-fA-F]{1,4}):([0-9a-fA-F]{1,4})"
                   r"(?::([0-9a-fA-F]{1,4}):([0-9a-fA-F]{1,4}))?", re.ASCII)
-_FLAGS = re.compile(r"[01xX]{1,7}", re.ASCII)
+_FLAGS = lazy_re(r"[01xX]{1,7}", re.ASCII)
 
 
 def pci_options(tokens: Iterable[str]) -> list[str]:

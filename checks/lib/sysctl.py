@@ -26,6 +26,7 @@ from typing import NamedTuple
 
 from auditor.checks.lib import tuned
 from auditor.hosts.base import Host
+from auditor.parsing import lazy_re
 
 #: Directories systemd-sysctl reads, in priority order: a file name in an earlier
 #: directory masks the same name in a later one.
@@ -55,7 +56,7 @@ READS: tuple[str, ...] = (
 
 _MAX_LINES = 4096
 _MAX_LINE = 4096
-_VALUE = re.compile(r"[0-9A-Za-z_.:-]{1,64}")
+_VALUE = lazy_re(r"[0-9A-Za-z_.:-]{1,64}")
 
 
 class Setting(NamedTuple):

@@ -11,11 +11,14 @@ first and the including profile's options over them.
 
 from __future__ import annotations
 
-import configparser
-import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from auditor.hosts.base import Host
+from auditor.parsing import lazy_re
+
+if TYPE_CHECKING:
+    import configparser
 
 ACTIVE_PROFILE = "/etc/tuned/active_profile"
 MAIN_CONF = "/etc/tuned/tuned-main.conf"
@@ -24,7 +27,7 @@ PROFILE_DIRS = ("/etc/tuned/profiles", "/etc/tuned", "/usr/lib/tuned/profiles", 
 READS: tuple[str, ...] = (ACTIVE_PROFILE, MAIN_CONF, ENABLED,
                           *(f"{d}/*/tuned.conf" for d in PROFILE_DIRS))
 
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
+_NAME = lazy_re(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
 _MAX_DEPTH = 8
 _MAX_TEXT = 256 * 1024
 
@@ -60,6 +63,8 @@ def profile_file(host: Host, name: str) -> str | None:
 
 
 def _parse(text: str) -> configparser.ConfigParser | None:
+    import configparser  # only where a tuned profile is read
+
     parser = configparser.ConfigParser(interpolation=None, strict=False, delimiters=("=",),
                                        comment_prefixes=("#", ";"))
     parser.optionxform = str  # type: ignore[assignment,method-assign]
