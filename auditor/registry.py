@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from auditor import entrypoints
 from auditor.check import Check, CheckClass, CheckOptions, Trigger
 from auditor.errors import PolicyError, RegistryError, UsageError
 from auditor.model import Severity
@@ -90,19 +91,20 @@ def validate(checks: Iterable[Any]) -> list[CheckClass]:
 
 
 def _entry_point_checks() -> list[CheckClass]:
-    from importlib.metadata import entry_points
+    points, cached = entrypoints.find(ENTRY_POINT_GROUP)
+    try:
+        return _load_points(points)
+    except RegistryError:
+        if not cached:
+            raise
+    # A remembered entry point may name what was since changed: search before saying so.
+    points, _ = entrypoints.find(ENTRY_POINT_GROUP, fresh=True)
+    return _load_points(points)
 
-    builtin: list[tuple[str, Any]] = []
-    plugins: list[tuple[str, str, Any]] = []
-    # A distribution's name is parsed from its METADATA file on every ``.name``: once each.
-    names: dict[int, str] = {}
-    for point in entry_points(group=ENTRY_POINT_GROUP):
-        dist = "" if point.dist is None else names.get(id(point.dist)) or names.setdefault(
-            id(point.dist), point.dist.name)
-        if dist == DISTRIBUTION:
-            builtin.append((point.name, point))
-        else:
-            plugins.append((dist, point.name, point))
+
+def _load_points(points: Sequence[entrypoints.Point]) -> list[CheckClass]:
+    builtin = [p for p in points if p.distribution == DISTRIBUTION]
+    plugins = [p for p in points if p.distribution != DISTRIBUTION]
     if not builtin:
         raise RegistryError(
             f"no built-in checks are registered: install {DISTRIBUTION} (pip install .) so "
@@ -110,11 +112,10 @@ def _entry_point_checks() -> list[CheckClass]:
         )
     found: list[CheckClass] = []
     # Report order: the built-ins by id, then plug-ins by distribution and id.
-    for point in [p for _, p in sorted(builtin, key=lambda item: item[0])] + [
-        p for _, _, p in sorted(plugins, key=lambda item: (item[0], item[1]))
-    ]:
+    for point in sorted(builtin, key=lambda p: p.name) + sorted(
+            plugins, key=lambda p: (p.distribution, p.name)):
         try:
-            loaded = point.load()
+            loaded = entrypoints.load(point.value)
         except Exception as exc:
             raise RegistryError(f"entry point {point.name} ({point.value}) cannot be loaded: "
                                 f"{type(exc).__name__}: {exc}") from exc

@@ -50,3 +50,16 @@ def sysroot_fix_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path
         os.environ.pop(STATE_ENV, None)
     else:
         os.environ[STATE_ENV] = before
+
+
+@pytest.fixture(autouse=True, scope="session")
+def entry_point_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Keep the entry-point cache of every command the tests run inside the test run."""
+    cache = tmp_path_factory.mktemp("xdg-cache")
+    before = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(cache)
+    yield cache
+    if before is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = before

@@ -1,0 +1,190 @@
+"""Entry points of one group, found by importlib.metadata and remembered between runs.
+
+Finding entry points means importing ``importlib.metadata`` and reading every installed
+distribution's metadata: tens of milliseconds on each start of a command that runs for
+a few hundred. What it found is kept in the user's cache directory under a key that
+changes whenever an installed distribution could: the interpreter, ``sys.path`` in order,
+and for each directory on it the name of every distribution in it with its
+``entry_points.txt`` modification time and size (a distribution installed, removed,
+upgraded or edited in place changes one of them). A key that differs,
+a cache that cannot be read or does not parse, or a finder that supplies distributions
+from elsewhere (``find_distributions`` on a finder other than the path finder) means a
+fresh search, as stevedore does for OpenStack's plug-ins.
+
+The cache holds entry points only (distribution, name, ``module:attribute``); what they
+name is imported and validated by the registry as on a fresh search. A cached entry
+point that no longer imports makes the registry search again before reporting it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any, NamedTuple
+
+#: Set to a non-empty value to search every time and keep nothing.
+NO_CACHE_ENV = "HOST_AUDITOR_NO_CACHE"
+CACHE_NAME = "entry-points.json"
+#: Bump when the file's layout changes.
+CACHE_VERSION = 1
+#: A cache file larger than this is not read (a real one is a few KiB).
+MAX_CACHE_BYTES = 1 << 20
+#: Keys remembered at once (``audit`` and ``python -m auditor`` put different first
+#: entries on ``sys.path``; so do virtual environments sharing a home).
+MAX_ENTRIES = 8
+#: Distributions in one directory beyond which the key is not built (the search runs).
+MAX_DISTRIBUTIONS = 20000
+_SUFFIXES = (".dist-info", ".egg-info", ".egg")
+
+
+class Point(NamedTuple):
+    """One entry point: the distribution that declares it, its name, ``module:attr``."""
+
+    distribution: str
+    name: str
+    value: str
+
+
+def search(group: str) -> list[Point]:
+    """Return the group's entry points as importlib.metadata finds them, uncached."""
+    from importlib.metadata import entry_points
+
+    points: list[Point] = []
+    # A distribution's name is parsed from its METADATA file on every ``.name``: once each.
+    names: dict[int, str] = {}
+    for point in entry_points(group=group):
+        dist = "" if point.dist is None else names.get(id(point.dist)) or names.setdefault(
+            id(point.dist), point.dist.name)
+        points.append(Point(dist, point.name, point.value))
+    return points
+
+
+def cache_file() -> Path | None:
+    """Return where the cache lives, or None where it is turned off or there is no home."""
+    if os.environ.get(NO_CACHE_ENV):
+        return None
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):  # the XDG base directory specification ignores relative ones
+        home = os.environ.get("HOME", "")
+        if not os.path.isabs(home):
+            return None
+        base = os.path.join(home, ".cache")
+    return Path(base) / "host-auditor" / CACHE_NAME
+
+
+def _path_key() -> list[Any] | None:
+    """Return what the installed distributions depend on, or None where it cannot be told."""
+    for finder in sys.meta_path:
+        if hasattr(finder, "find_distributions") and getattr(
+                finder, "__name__", type(finder).__name__) != "PathFinder":
+            return None
+    key: list[Any] = [sys.version]
+    for entry in sys.path:
+        where = os.path.abspath(entry or ".")
+        try:
+            stat = os.stat(where)
+        except OSError:
+            key.append([where])
+            continue
+        if not os.path.isdir(where):  # a zip file
+            key.append([where, stat.st_mtime_ns, stat.st_size])
+            continue
+        dists: list[Any] = []
+        try:
+            with os.scandir(where) as listing:
+                for item in listing:
+                    if not item.name.endswith(_SUFFIXES):
+                        continue
+                    if len(dists) >= MAX_DISTRIBUTIONS:
+                        return None
+                    try:
+                        points = os.stat(os.path.join(item.path, "entry_points.txt"))
+                        dists.append([item.name, points.st_mtime_ns, points.st_size])
+                    except OSError:
+                        dists.append([item.name])
+        except OSError:
+            return None
+        key.append([where, sorted(dists)])
+    return key
+
+
+def _entries(path: Path) -> list[Any]:
+    """Return the cache file's entries (key, group, points), or none where it is unusable."""
+    import json
+
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_CACHE_BYTES + 1)
+        if len(raw) > MAX_CACHE_BYTES:
+            return []
+        data = json.loads(raw)
+    except (OSError, ValueError, RecursionError):
+        return []
+    if not (isinstance(data, dict) and data.get("version") == CACHE_VERSION
+            and isinstance(data.get("entries"), list)):
+        return []
+    return [e for e in data["entries"] if isinstance(e, dict)][:MAX_ENTRIES]
+
+
+def _points(entry: dict[str, Any]) -> list[Point] | None:
+    points = entry.get("points")
+    if not isinstance(points, list) or not all(
+            isinstance(p, list) and len(p) == 3 and all(isinstance(v, str) for v in p)
+            for p in points):
+        return None
+    return [Point(*p) for p in points]
+
+
+def _write(path: Path, entries: list[Any]) -> None:
+    import json
+    import tempfile
+
+    body = json.dumps({"version": CACHE_VERSION, "entries": entries[:MAX_ENTRIES]},
+                      separators=(",", ":"))
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".entry-points-")
+        try:
+            with os.fdopen(handle, "w", encoding="utf-8") as out:
+                out.write(body)
+            os.replace(temporary, path)
+        except BaseException:
+            os.unlink(temporary)
+            raise
+    except OSError:
+        return  # a cache that cannot be written only costs the next run a search
+
+
+def find(group: str, *, fresh: bool = False) -> tuple[list[Point], bool]:
+    """Return the group's entry points, and whether they came from the cache.
+
+    They come from the cache where its key still holds; ``fresh`` searches and rewrites
+    the cache whatever it holds.
+    """
+    path = cache_file()
+    key = _path_key() if path is not None else None
+    if path is None or key is None:
+        return search(group), False
+    entries = _entries(path)
+    if not fresh:
+        for entry in entries:
+            if entry.get("group") == group and entry.get("key") == key:
+                cached = _points(entry)
+                if cached is not None:
+                    return cached, True
+    points = search(group)
+    kept = [e for e in entries if not (e.get("group") == group and e.get("key") == key)]
+    _write(path, [{"group": group, "key": key, "points": [list(p) for p in points]}, *kept])
+    return points, False
+
+
+def load(value: str) -> object:
+    """Import what an entry point's value (``module:attr.attr [extras]``) names."""
+    import importlib
+
+    module, _, attrs = value.partition("[")[0].partition(":")
+    found: object = importlib.import_module(module.strip())
+    for attr in filter(None, attrs.strip().split(".")):
+        found = getattr(found, attr)
+    return found
