@@ -272,12 +272,12 @@ def prepare(options: AuditOptions) -> tuple[list[CheckClass], Policy]:
 
 def write_output(text: str, output: str | None) -> None:
     """Write rendered text to stdout, or to a file through a dot-file and a rename."""
-    from auditor.engines import write_atomic
-
     if output is None or output == "-":
         sys.stdout.write(text)
         sys.stdout.flush()
         return
+    from auditor.engines import write_atomic
+
     try:
         write_atomic(output, text)
     except OSError as exc:
