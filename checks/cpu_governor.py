@@ -365,9 +365,7 @@ class CpuGovernor(Check[GovernorOptions]):
             SetValue,
             WriteFile,
         )
-        from auditor.remediations.steps import (
-            evidence as evidence_of,
-        )
+        from auditor.remediations.steps import evidence as evidence_of
         env = where.environment(host)
         if env.in_container:
             return self.advice_on_the_host(findings, env.describe())

@@ -230,9 +230,7 @@ class NvidiaDriver(Check[CheckOptions]):
             RunCommand,
             WriteFile,
         )
-        from auditor.remediations.steps import (
-            evidence as evidence_of,
-        )
+        from auditor.remediations.steps import evidence as evidence_of
         remedies: list[Remedy] = []
         for finding in findings:
             ev = evidence_of(finding)

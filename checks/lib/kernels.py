@@ -125,7 +125,7 @@ CLOUD_FLAVOURS = frozenset({"aws", "aws-64k", "aws-fips", "azure", "azure-fips",
                             "kvm"})
 _UBUNTU = lazy_re(r"([0-9]{1,3})\.([0-9]{1,3})\.[0-9]{1,3}-([0-9]{1,6})-([a-z0-9-]{2,32})")
 _DEBIAN = lazy_re(r"([0-9]{1,3})\.([0-9]{1,3})\.[0-9]{1,3}(?:\+bpo)?-(?:[0-9]{1,4}-)?"
-                     r"((?:cloud-|rt-)?(?:amd64|arm64|686-pae|686))")
+                  r"((?:cloud-|rt-)?(?:amd64|arm64|686-pae|686))")
 _EL = lazy_re(r"\.el([0-9]{1,2})(?:_([0-9]{1,2}))?(uek)?(?:\.|$)")
 _FEDORA = lazy_re(r"\.fc([0-9]{1,3})(?:\.|$)")
 _AMZN = lazy_re(r"\.amzn([0-9]{1,4})(?:\.|$)")

@@ -631,7 +631,7 @@ def numa_node(host: Host, address: str) -> int | None:
 
 
 _CPULIST = lazy_re(r"[0-9]{1,5}(?:-[0-9]{1,5})?(?:,[0-9]{1,5}(?:-[0-9]{1,5})?){0,1023}",
-                      re.ASCII)
+                   re.ASCII)
 
 
 def local_cpulist(host: Host, address: str) -> str | None:

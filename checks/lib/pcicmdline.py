@@ -25,10 +25,10 @@ from auditor.parsing import lazy_re
 #: The value of one option may be long (a list of devices), but not unbounded.
 _MAX_ITEMS = 256
 _ADDRESS = lazy_re(r"(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\."
-                      r"([0-7])", re.ASCII)
+                   r"([0-7])", re.ASCII)
 _STEP = lazy_re(r"([0-9a-fA-F]{1,2})\.([0-7])", re.ASCII)
 _IDS = lazy_re(r"pci:([0-9a-fA-F]{1,4}):([0-9a-fA-F]{1,4})"
-                  r"(?::([0-9a-fA-F]{1,4}):([0-9a-fA-F]{1,4}))?", re.ASCII)
+               r"(?::([0-9a-fA-F]{1,4}):([0-9a-fA-F]{1,4}))?", re.ASCII)
 _FLAGS = lazy_re(r"[01xX]{1,7}", re.ASCII)
 
 
