@@ -75,10 +75,11 @@ def cache_file() -> Path | None:
 
 def _path_key() -> list[Any] | None:
     """Return what the installed distributions depend on, or None where it cannot be told."""
-    for finder in sys.meta_path:
-        if hasattr(finder, "find_distributions") and getattr(
-                finder, "__name__", type(finder).__name__) != "PathFinder":
-            return None
+    from importlib.machinery import PathFinder  # already loaded by the import system
+
+    if any(hasattr(finder, "find_distributions") and finder is not PathFinder
+           for finder in sys.meta_path):
+        return None
     key: list[Any] = [sys.version]
     for entry in sys.path:
         where = os.path.abspath(entry or ".")
