@@ -13,16 +13,13 @@ import pytest
 
 from auditor import entrypoints, registry
 from auditor.entrypoints import Point
+from tests.support.factories import write_dist_info
 
 GROUP = "host_auditor.test_group"
 
 
-def _dist(site: Path, name: str, points: str) -> Path:
-    info = site / f"{name}-1.0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text(f"[{GROUP}]\n{points}")
-    return info
+def _dist(site: Path, name: str, points: dict[str, str]) -> Path:
+    return write_dist_info(site, name, name, {GROUP: points})
 
 
 @pytest.fixture
@@ -31,7 +28,7 @@ def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.delenv(entrypoints.NO_CACHE_ENV, raising=False)
     site = tmp_path / "site"
-    _dist(site, "first_plugin", "one = json:dumps\n")
+    _dist(site, "first_plugin", {"one": "json:dumps"})
     sys.path.insert(0, str(site))
     try:
         yield site
@@ -51,7 +48,7 @@ def test_the_second_search_is_the_cache_and_the_same(site: Path) -> None:
 
 def test_a_distribution_installed_beside_is_found(site: Path) -> None:
     entrypoints.find(GROUP)
-    _dist(site, "second_plugin", "two = json:loads\n")
+    _dist(site, "second_plugin", {"two": "json:loads"})
     points, cached = entrypoints.find(GROUP)
     assert not cached and Point("second_plugin", "two", "json:loads") in points
     assert entrypoints.find(GROUP)[1]

@@ -19,6 +19,7 @@ from auditor.errors import RegistryError, UsageError
 from auditor.model import Severity, Status
 from auditor.registry import fix_reads, fixable, load_checks, select, validate, watched
 from tests.support.cases import Case, check_case, check_fix
+from tests.support.factories import write_dist_info
 
 #: What the built-in distribution registers: the checks the README documents.
 BUILTIN = {"cpu.governor", "cpu.cstates", "numa.balancing", "kernel.version", "pcie.mrrs",
@@ -144,12 +145,8 @@ def plugin(tmp_path: Path) -> Iterator[Path]:
     site = tmp_path / "site"
     (site / "swappiness_check").mkdir(parents=True)
     (site / "swappiness_check" / "__init__.py").write_text(textwrap.dedent(PLUGIN))
-    info = site / "swappiness_check-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: swappiness-check\n"
-                                   "Version: 1.0\n")
-    (info / "entry_points.txt").write_text(
-        "[host_auditor.checks]\nvm.swappiness = swappiness_check:Swappiness\n")
+    write_dist_info(site, "swappiness_check", "swappiness-check",
+                    {"host_auditor.checks": {"vm.swappiness": "swappiness_check:Swappiness"}})
     sys.path.insert(0, str(site))
     registry.reset()
     try:

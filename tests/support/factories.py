@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import tarfile
 from collections.abc import Iterable
+from pathlib import Path
 
 from auditor.model import CheckResult, Finding, Report, Severity, Status
 
@@ -64,3 +65,16 @@ def make_report(findings: Iterable[Finding] = (), host: str = "gpu-01", **overri
     }
     values.update(overrides)
     return Report(**values)  # type: ignore[arg-type]
+
+
+def write_dist_info(site: Path, name: str, distribution: str,
+                    entry_points: dict[str, dict[str, str]]) -> Path:
+    """Write a bare ``name-1.0.dist-info`` (METADATA, entry_points.txt) into ``site``."""
+    info = site / f"{name}-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\n"
+                                   "Version: 1.0\n")
+    (info / "entry_points.txt").write_text("".join(
+        f"[{group}]\n" + "".join(f"{key} = {value}\n" for key, value in points.items())
+        for group, points in entry_points.items()))
+    return info
