@@ -1,7 +1,7 @@
 """The check base class: everything about a check declared on one class.
 
 A check declares its id, severity, one-line docstring, rationale and remedy, the
-paths it reads, its options (a frozen dataclass, with values per profile), and a
+paths it reads, its options (a frozen value, with values per profile), and a
 pure ``evaluate``. A check that software can fix also declares ``remediate`` and
 the extra paths that reads (``fix_reads``); one that a device event can change
 declares the ``events`` that re-run it under ``audit watch``. The registry
@@ -24,7 +24,13 @@ from auditor.hosts.base import Host
 from auditor.model import Finding, Severity, Status
 
 if TYPE_CHECKING:
+    from typing_extensions import dataclass_transform
+
     from auditor.remediations.steps import FixContext, Remedy
+else:
+    def dataclass_transform(**_: object) -> Any:
+        """Only type checkers read PEP 681's marker: at run time, leave the class as it is."""
+        return lambda cls: cls
 
 
 class Trigger(str, enum.Enum):
@@ -51,7 +57,7 @@ def option(
     minimum: float | None = None,
     maximum: float | None = None,
 ) -> Any:
-    """Declare one option of a check's ``Options`` dataclass, with what values it takes."""
+    """Declare one option of a check's options class, with what values it takes."""
     metadata = {_HELP: help, _CHOICES: tuple(choices) if choices is not None else None,
                 _MINIMUM: minimum, _MAXIMUM: maximum}
     return dataclasses.field(default=default, metadata=metadata)
@@ -122,17 +128,76 @@ _TYPES: dict[Any, type] = {"bool": bool, "int": int, "float": float, "str": str,
                            str: str}
 
 
-@dataclass(frozen=True)
+#: What an options class holds for each of its options: annotation, default, metadata.
+_Field = tuple[Any, Any, Mapping[str, Any]]
+
+
+@dataclass_transform(kw_only_default=True, frozen_default=True)
 class CheckOptions:
-    """A check's options: a frozen dataclass whose fields are declared with :func:`option`.
+    """A check's options: a frozen value whose fields are declared with :func:`option`.
+
+    A subclass is declared as a plain class (no decorator): type checkers see a frozen,
+    keyword-only dataclass (PEP 681), while at run time every options class shares the
+    methods below instead of having a dataclass's generated for it: each command defines
+    every check's options at start-up, and generating them cost more than the rest of
+    the class. (A subclass decorated with ``@dataclass(frozen=True)`` still works.)
 
     The base class has none. Supported types: ``bool``, ``int``, ``float``, ``str`` and
-    ``tuple[str, ...]``; values are checked against the type, ``choices`` and range
-    when a policy is loaded, so ``evaluate`` reads typed, valid values.
+    ``tuple[str, ...]`` (all immutable, so a default is shared safely); values are
+    checked against the type, ``choices`` and range when a policy is loaded, so
+    ``evaluate`` reads typed, valid values.
     """
 
+    #: Each option's annotation, default and metadata, in declaration order (bases first).
+    _fields: ClassVar[dict[str, _Field]] = {}
     #: What :meth:`specs` found, kept on the class it was found for.
     _specs: ClassVar[dict[str, OptionSpec] | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        fields = dict(cls._fields)
+        for name, annotation in getattr(cls, "__annotations__", {}).items():
+            if _is_class_var(annotation):
+                continue
+            declared = cls.__dict__.get(name, dataclasses.MISSING)
+            metadata: Mapping[str, Any] = {}
+            default = declared
+            if isinstance(declared, dataclasses.Field):
+                default, metadata = declared.default, declared.metadata
+            if default is dataclasses.MISSING:
+                raise TypeError(f"{cls.__qualname__}.{name}: an option needs a default")
+            # The class attribute reads as the default, as on a dataclass.
+            setattr(cls, name, default)
+            fields[name] = (annotation, default, metadata)
+        cls._fields = fields
+
+    def __init__(self, **values: Any) -> None:
+        for name, (_, default, _) in self._fields.items():
+            object.__setattr__(self, name, values.pop(name, default))
+        if values:
+            raise TypeError(f"{type(self).__qualname__}() got unexpected options: "
+                            f"{', '.join(sorted(values))}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
+
+    def _values(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in self._fields)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, CheckOptions) or other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._values() == other._values()
+
+    def __hash__(self) -> int:
+        return hash((self.__class__, self._values()))
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._fields)
+        return f"{type(self).__qualname__}({shown})"
 
     @classmethod
     def specs(cls) -> dict[str, OptionSpec]:
@@ -144,21 +209,21 @@ class CheckOptions:
         # are looked up as written; only others are evaluated (get_type_hints is costly).
         hints: dict[str, Any] | None = None
         found: dict[str, OptionSpec] = {}
-        for item in dataclasses.fields(cls):
-            annotation: Any = item.type
+        for name, field in cls._fields.items():
+            annotation: Any = field[0]
+            default, meta = field[1], field[2]
             if annotation not in _TYPES:
                 if hints is None:
                     hints = typing.get_type_hints(cls)
-                annotation = hints.get(item.name, item.type)
+                annotation = hints.get(name, annotation)
             kind = _TYPES.get(annotation) or _TYPES.get(str(annotation).replace("typing.", ""))
             if kind is None and typing.get_origin(annotation) is tuple:
                 kind = tuple
             if kind is None:
-                raise TypeError(f"{cls.__qualname__}.{item.name}: unsupported option type "
+                raise TypeError(f"{cls.__qualname__}.{name}: unsupported option type "
                                 f"{annotation!r}")
-            meta = item.metadata
-            found[item.name] = OptionSpec(
-                name=item.name, type=kind, default=item.default, help=meta.get(_HELP, ""),
+            found[name] = OptionSpec(
+                name=name, type=kind, default=default, help=meta.get(_HELP, ""),
                 choices=meta.get(_CHOICES), minimum=meta.get(_MINIMUM),
                 maximum=meta.get(_MAXIMUM),
             )
@@ -185,7 +250,14 @@ class CheckOptions:
 
     def to_dict(self) -> dict[str, Any]:
         """Return the values by option name."""
-        return {item.name: getattr(self, item.name) for item in dataclasses.fields(self)}
+        return {name: getattr(self, name) for name in self._fields}
+
+
+def _is_class_var(annotation: Any) -> bool:
+    """Return whether an annotation (a string, or evaluated) declares a ``ClassVar``."""
+    if isinstance(annotation, str):
+        return annotation.replace("typing.", "").startswith("ClassVar")
+    return annotation is ClassVar or typing.get_origin(annotation) is ClassVar
 
 
 OptionsT = TypeVar("OptionsT", bound=CheckOptions)

@@ -283,7 +283,6 @@ def qos_limit(host: Host, states: Sequence[IdleState]) -> QosLimit | None:
     return min(found, key=lambda q: q.us) if found else None
 
 
-@dataclass(frozen=True)
 class CstateOptions(CheckOptions):
     """Options of ``cpu.cstates``."""
 

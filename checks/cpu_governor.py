@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, ClassVar
 
 from auditor import environment as where
@@ -78,7 +78,6 @@ def unit_text(governor: str) -> str:
     )
 
 
-@dataclass(frozen=True)
 class GovernorOptions(CheckOptions):
     """Options of ``cpu.governor``."""
 

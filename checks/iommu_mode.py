@@ -17,7 +17,6 @@ command line and the kernel's build configuration, and the finding says so.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 from auditor import environment
@@ -64,7 +63,6 @@ INTEL_IOMMU_OPTIONS = ("on", "off", "igfx_off", "forcedac", "strict", "sp_off", 
 SMMU_IDENTITY_FIXED = (6, 11)
 
 
-@dataclass(frozen=True)
 class IommuOptions(CheckOptions):
     """Options of ``iommu.mode``."""
 

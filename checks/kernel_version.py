@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from auditor.check import Check, CheckOptions, Trigger, option
@@ -114,7 +113,6 @@ def upgrade_command(
     return ()
 
 
-@dataclass(frozen=True)
 class KernelOptions(CheckOptions):
     """Options of ``kernel.version``."""
 

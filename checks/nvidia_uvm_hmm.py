@@ -18,7 +18,6 @@ off where ATS is on (Grace).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from auditor.check import Check, CheckOptions, Trigger, option
@@ -43,7 +42,6 @@ CONF_LINE = f"options {MODULE} {PARAM}=1"
 INITRAMFS_MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm")
 
 
-@dataclass(frozen=True)
 class UvmHmmOptions(CheckOptions):
     """Options of ``nvidia.uvm_hmm``."""
 

@@ -19,7 +19,6 @@ its evidence as ``aer.<correctable|nonfatal|fatal>.<name>`` and ``aer.<severity>
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import ClassVar
 
 from auditor import environment
@@ -60,7 +59,6 @@ MEANINGS = {
 SIGNAL_INTEGRITY = frozenset({"BadTLP", "BadDLLP", "Rollover", "Timeout"})
 
 
-@dataclass(frozen=True)
 class AerOptions(CheckOptions):
     """Options of ``pcie.aer``."""
 

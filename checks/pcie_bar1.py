@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from auditor import environment
@@ -46,7 +45,6 @@ GPU_MEMORY_GIB = {
 _MODEL_GB = lazy_re(r"\b([0-9]{2,3}) ?GB\b", re.ASCII)
 
 
-@dataclass(frozen=True)
 class Bar1Options(CheckOptions):
     """Options of ``pcie.bar1``."""
 

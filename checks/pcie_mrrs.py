@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from auditor import environment
@@ -95,7 +94,6 @@ def is_gpu_class(class_code: int) -> bool:
     return (class_code >> 8) in GPU_CLASSES
 
 
-@dataclass(frozen=True)
 class MrrsOptions(CheckOptions):
     """Options of ``pcie.mrrs``."""
 

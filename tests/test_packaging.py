@@ -86,6 +86,15 @@ def test_loading_the_checks_imports_no_fix_machinery() -> None:
                                   "auditor.fix", "jinja2", "configparser", "hashlib")) == []
 
 
+def test_a_warm_start_reads_no_distribution_metadata() -> None:
+    """With the entry points remembered, listing the checks needs no metadata search (and
+    none of what importlib.metadata, or applying a fix, would import)."""
+    code = "from auditor.registry import load_checks\nload_checks()"
+    modules = ("importlib.metadata", "email", "socket", "tempfile")
+    _imported_after(code, modules)  # the first run remembers the entry points
+    assert _imported_after(code, modules) == []
+
+
 @pytest.mark.parametrize(("filename", "count"), [("checks/planted.py", 1),
                                                  ("auditor/planted.py", 0)])
 def test_ruff_keeps_the_remedy_model_out_of_a_check_modules_imports(

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import subprocess
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -24,7 +24,6 @@ from tests.support.factories import make_finding
 from tests.support.sysroot import Sysroot
 
 
-@dataclass(frozen=True)
 class ThresholdOptions(CheckOptions):
     """One option of each type a policy file can set."""
 
@@ -101,6 +100,58 @@ def test_file_profile_used_and_command_line_profile_wins(tmp_path: Path) -> None
     path = write_policy(tmp_path, 'profile = "latency"\n')
     assert load_policy(CHECKS, path).profile == "latency"
     assert load_policy(CHECKS, path, profile="throughput").profile == "throughput"
+
+
+# -- the options value -----------------------------------------------------------------
+
+
+def test_options_are_a_frozen_keyword_value() -> None:
+    options = ThresholdOptions(limit_us=3)
+    assert (options.limit_us, options.ratio, options.allowed) == (3, 0.5, ("performance",))
+    assert ThresholdOptions.limit_us == 10  # the class attribute reads as the default
+    assert options == ThresholdOptions(limit_us=3) != ThresholdOptions()
+    assert hash(options) == hash(ThresholdOptions(limit_us=3))
+    assert repr(options) == ("ThresholdOptions(limit_us=3, ratio=0.5, name='performance', "
+                             "strict=True, allowed=('performance',))")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.limit_us = 4  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        del options.ratio  # type: ignore[misc]
+    with pytest.raises(TypeError, match="unexpected options: limt_us"):
+        ThresholdOptions(limt_us=3)  # type: ignore[call-arg]
+
+
+class _MoreOptions(ThresholdOptions):
+    extra: int = option(1, minimum=0)
+    shared: ClassVar[str] = "a class variable is no option"
+
+
+@dataclasses.dataclass(frozen=True)
+class _DecoratedOptions(CheckOptions):
+    """Declared the older way, as a frozen dataclass: it still works."""
+
+    depth: int = option(4, minimum=1, help="how deep")
+
+
+def test_a_subclass_adds_options_after_its_bases() -> None:
+    assert list(_MoreOptions.specs()) == ["limit_us", "ratio", "name", "strict", "allowed",
+                                          "extra"]
+    assert _MoreOptions(extra=2) != ThresholdOptions()
+    assert ThresholdOptions() != _MoreOptions()  # another class is never equal
+
+
+def test_an_option_without_a_default_is_refused() -> None:
+    with pytest.raises(TypeError, match=r"Bare\.limit: an option needs a default"):
+        class Bare(CheckOptions):
+            limit: int
+
+
+def test_options_declared_as_a_dataclass_still_load() -> None:
+    spec = _DecoratedOptions.specs()["depth"]
+    assert (spec.default, spec.minimum, spec.help) == (4, 1, "how deep")
+    assert _DecoratedOptions.build({"depth": 2}, "policy", "x.y").to_dict() == {"depth": 2}
+    with pytest.raises(PolicyError, match=r"x\.y\.depth must be an integer of at least 1"):
+        _DecoratedOptions.build({"depth": 0}, "policy", "x.y")
 
 
 # -- per-check overrides ---------------------------------------------------------------

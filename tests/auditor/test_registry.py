@@ -103,7 +103,6 @@ from auditor.remediations.steps import FixContext, Remedy, SetValue
 PATH = "/proc/sys/vm/swappiness"
 
 
-@dataclass(frozen=True)
 class SwappinessOptions(CheckOptions):
     """Options of vm.swappiness."""
 
