@@ -34,7 +34,7 @@ import os
 import stat
 import threading
 import weakref
-from typing import List, Optional, Set, Tuple  # noqa: F401 - type comments
+from typing import Dict, List, Optional, Set, Tuple  # noqa: F401 - type comments
 
 #: Symlinks followed in one path before giving up, as the kernel's limit (ELOOP).
 MAX_LINKS = 40
@@ -79,18 +79,28 @@ class _OpenAt2:
         except (OSError, AttributeError):
             return
         syscall.restype = ctypes.c_long
+        # syscall(2) is variadic; integer and pointer arguments pass as in a fixed call on
+        # the ABIs Linux runs on, and declaring them spares building each on every call.
+        syscall.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p,
+                            ctypes.c_size_t]
         self.ctypes = ctypes
         self.how = OpenHow
+        self.size = ctypes.sizeof(OpenHow)
+        self.hows = {}  # type: Dict[int, int]
+        self.kept = []  # type: List[object]
         self.call = syscall
 
     def open(self, dirfd, path, flags):
         # type: (int, bytes, int) -> int
-        ctypes = self.ctypes
-        how = self.how(flags | _O_CLOEXEC, 0, _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS)
-        fd = self.call(ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(dirfd), ctypes.c_char_p(path),
-                       ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))  # type: ignore
+        address = self.hows.get(flags)
+        if address is None:
+            # Built once per set of flags (and kept alive here): the kernel only reads it.
+            how = self.how(flags | _O_CLOEXEC, 0, _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS)
+            self.kept.append(how)
+            address = self.hows[flags] = self.ctypes.addressof(how)
+        fd = self.call(_SYS_OPENAT2, dirfd, path, address, self.size)  # type: ignore
         if fd < 0:
-            code = ctypes.get_errno()
+            code = self.ctypes.get_errno()
             raise OSError(code, os.strerror(code), os.fsdecode(path))
         return int(fd)
 
@@ -130,6 +140,43 @@ def _close(fds):
             os.close(fd)
         except OSError:
             pass
+
+
+#: [the process it was opened in, a descriptor of its /proc/self/fd or -1 without /proc].
+_PROC_FD = [-1, -1]
+_PROC_FD_LOCK = threading.Lock()
+
+
+def _proc_fd():
+    # type: () -> int
+    """Return a held descriptor of this process's ``/proc/self/fd`` (-1 without /proc).
+
+    Re-opening an ``O_PATH`` descriptor by its number there spares the kernel walking
+    ``/proc/self`` for every file read. A forked child opens its own (the one it
+    inherited names its parent's descriptors, and is left alone: its number may have
+    been reused since).
+    """
+    pid = os.getpid()
+    if _PROC_FD[0] == pid:
+        return _PROC_FD[1]
+    with _PROC_FD_LOCK:
+        if _PROC_FD[0] != pid:
+            try:
+                fd = os.open("/proc/self/fd", os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
+            except OSError:
+                fd = -1
+            _PROC_FD[1], _PROC_FD[0] = fd, pid
+    return _PROC_FD[1]
+
+
+def _open_magic(fd, flags):
+    # type: (int, int) -> int
+    """Open the very inode an ``O_PATH`` descriptor holds, through ``/proc/self/fd``
+    (raise ENOENT where /proc is not mounted)."""
+    proc = _proc_fd()
+    if proc < 0:
+        raise OSError(errno.ENOENT, "no /proc/self/fd")
+    return os.open("%d" % fd, flags | _O_CLOEXEC, dir_fd=proc)
 
 
 class Tree:
@@ -243,10 +290,18 @@ class Tree:
         ``flags`` are ``os.open`` flags (``O_PATH`` by default).
         """
         raw = path if isinstance(path, bytes) else os.fsencode(str(path))
-        parts = components(raw)
+        if b"\0" in raw:
+            # Never a file name; and ctypes would end the path at the NUL.
+            raise OSError(errno.EINVAL, "a path with a NUL byte", os.fsdecode(raw))
         kernel = self._kernel()
         if kernel is not None:
-            relative = b"/".join(parts) or b"."
+            if (b"/." in raw or b"//" in raw or raw.endswith(b"/") or raw.startswith(b".")
+                    or raw.count(b"/") > MAX_COMPONENTS):
+                # "." and empty components dropped, so the last one named is never
+                # followed (a trailing "/" or "/." would make the kernel follow it).
+                relative = b"/".join(components(raw)) or b"."
+            else:
+                relative = raw.lstrip(b"/") or b"."  # a plain path, as checks name them
             for _ in range(8):
                 try:
                     return kernel.open(self.fd, relative, flags | (0 if follow else _O_NOFOLLOW))
@@ -254,7 +309,7 @@ class Tree:
                     if exc.errno != errno.EAGAIN:
                         raise
             # The tree keeps being renamed under the resolution: walk it instead.
-        return self._walk(parts, flags, follow)
+        return self._walk(components(raw), flags, follow)
 
     def parent(self, path):
         # type: (object) -> Tuple[int, bytes]
@@ -390,7 +445,7 @@ class Tree:
                 raise OSError(errno.EPERM, "not a regular file", os.fsdecode(name))
             try:
                 # The magic link names the very inode the O_PATH descriptor holds.
-                opened = os.open("/proc/self/fd/%d" % fd, os.O_RDONLY | _O_CLOEXEC)
+                opened = _open_magic(fd, os.O_RDONLY)
             except OSError as exc:
                 if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
                     raise
@@ -468,7 +523,7 @@ class Tree:
         that it is the same inode.
         """
         try:
-            return os.open("/proc/self/fd/%d" % fd, flags | _O_CLOEXEC)
+            return _open_magic(fd, flags)
         except OSError as exc:
             if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
                 raise

@@ -162,11 +162,12 @@ def test_without_proc_the_name_is_opened_again_and_checked(
     real_open = os.open
 
     def no_proc(path: object, *args: object, **kwargs: object) -> int:
-        if isinstance(path, str) and path.startswith("/proc/self/fd/"):
+        if isinstance(path, str) and path.startswith("/proc/self/fd"):
             raise FileNotFoundError(errno.ENOENT, "no /proc here", path)
         return real_open(path, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(os, "open", no_proc)
+    monkeypatch.setattr(treeio, "_PROC_FD", [-1, -1])  # not yet looked for
     with Tree(str(root), use_openat2=mode) as tree:
         assert tree.read("/etc/hostname", 100) == b"inside\n"
         tree.write("/etc/hostname", b"changed\n")
@@ -176,3 +177,41 @@ def test_without_proc_the_name_is_opened_again_and_checked(
             tree.read("/etc/abs", 10)
     assert (root / "etc/hostname").read_text() == "changed\n"
     assert (outside / "secret").read_text() == "SECRET\n"
+    assert treeio._PROC_FD == [os.getpid(), -1]
+
+
+def test_a_trailing_slash_or_dot_never_follows_the_last_component(
+        layout: tuple[Path, Path], mode: bool | None) -> None:
+    root, _ = layout
+    with Tree(str(root), use_openat2=mode) as tree:
+        for path in ("/etc/abs/", "/etc/abs/.", "etc//abs//", "./etc/./abs"):
+            st = tree.lstat(path)
+            assert st is not None and stat.S_ISLNK(st.st_mode), path
+        st = tree.lstat("/etc/../etc/hostname")
+        assert st is not None and stat.S_ISREG(st.st_mode)
+
+
+def test_a_path_with_a_nul_byte_is_refused(layout: tuple[Path, Path], mode: bool | None) -> None:
+    root, _ = layout
+    with Tree(str(root), use_openat2=mode) as tree, pytest.raises(OSError) as raised:
+        tree.open(b"/etc/hostname\0/x")
+    assert raised.value.errno == errno.EINVAL
+
+
+def test_a_forked_child_reopens_files_through_its_own_proc(layout: tuple[Path, Path]) -> None:
+    """The held /proc/self/fd names the process that opened it: a child opens its own."""
+    root, _ = layout
+    with Tree(str(root)) as tree:
+        assert tree.read_file(b"/etc", b"hostname", 100) == b"inside\n"
+        parent = list(treeio._PROC_FD)
+        assert parent[0] == os.getpid() and parent[1] >= 0
+        child = os.fork()
+        if child == 0:  # pragma: no cover - the child reports through its exit status
+            ok = False
+            try:
+                ok = (tree.read_file(b"/etc", b"hostname", 100) == b"inside\n"
+                      and treeio._PROC_FD[0] == os.getpid() and treeio._PROC_FD != parent)
+            finally:
+                os._exit(0 if ok else 1)
+        _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
