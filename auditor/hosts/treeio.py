@@ -173,7 +173,7 @@ def _open_magic(fd, flags):
     # type: (int, int) -> int
     """Open the very inode an ``O_PATH`` descriptor holds, through ``/proc/self/fd``
     (raise ENOENT where /proc is not mounted)."""
-    proc = _proc_fd()
+    proc = _PROC_FD[1] if _PROC_FD[0] == os.getpid() else _proc_fd()
     if proc < 0:
         raise OSError(errno.ENOENT, "no /proc/self/fd")
     return os.open("%d" % fd, flags | _O_CLOEXEC, dir_fd=proc)
@@ -191,6 +191,9 @@ class Tree:
         self.fd = os.open(root, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
         self.root = os.path.realpath(root)
         self.use_openat2 = use_openat2
+        # What resolves paths here (openat2, or None for the walk): probed on first use.
+        self._impl = None  # type: Optional[_OpenAt2]
+        self._probed = False
         # Directories resolved once (path -> [descriptor, users]), least recently used first.
         self._dirs = collections.OrderedDict()  # type: collections.OrderedDict[bytes, List[int]]
         self._dirs_lock = threading.Lock()
@@ -216,6 +219,13 @@ class Tree:
     # -- resolution ---------------------------------------------------------------------
 
     def _kernel(self):
+        # type: () -> Optional[_OpenAt2]
+        if not self._probed:
+            self._impl = self._probe()
+            self._probed = True
+        return self._impl
+
+    def _probe(self):
         # type: () -> Optional[_OpenAt2]
         global _HAVE_OPENAT2
         if self.use_openat2 is False:
@@ -437,11 +447,12 @@ class Tree:
         """Read the regular file an ``O_PATH`` descriptor holds (and close it)."""
         try:
             st = os.fstat(fd)
-            if stat.S_ISLNK(st.st_mode):
-                return None
-            if stat.S_ISDIR(st.st_mode):
-                raise OSError(errno.EISDIR, "is a directory", os.fsdecode(name))
-            if not stat.S_ISREG(st.st_mode):
+            kind = stat.S_IFMT(st.st_mode)
+            if kind != stat.S_IFREG:
+                if kind == stat.S_IFLNK:
+                    return None
+                if kind == stat.S_IFDIR:
+                    raise OSError(errno.EISDIR, "is a directory", os.fsdecode(name))
                 raise OSError(errno.EPERM, "not a regular file", os.fsdecode(name))
             try:
                 # The magic link names the very inode the O_PATH descriptor holds.

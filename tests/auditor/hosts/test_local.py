@@ -30,3 +30,18 @@ def test_local_host_reads_the_live_machine() -> None:
     assert host.glob("/proc/sys/kernel/osrel*") == ["/proc/sys/kernel/osrelease"]
     processes = host.processes()
     assert processes is not None and len(processes) > 0
+
+
+def test_directory_host_read_optional_is_none_for_what_is_no_readable_file(
+        h200: Sysroot) -> None:
+    """The fast path of read_optional keeps read_text's answers: a FIFO, a directory, a
+    dangling link or a missing file is None; bytes that are not UTF-8 are replaced."""
+    os.mkfifo(h200.root / "etc/fifo")
+    h200.symlink("/etc/dangling", "/etc/nowhere")
+    (h200.root / "etc/latin1").write_bytes(b"caf\xe9 \n")
+    host = DirectoryHost(str(h200.root))
+    for path in ("/etc/fifo", "/etc", "/etc/dangling", "/etc/missing", "/etc/fifo/x"):
+        assert host.read_optional(path) is None, path
+    assert host.read_optional("/etc/latin1") == "caf\ufffd"
+    assert host.read_optional("/etc/../etc/./hostname") == "gpu-h200-vm"
+    assert host.read_optional("etc//hostname") == host.read_text("/etc/hostname").strip()
