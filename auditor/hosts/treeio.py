@@ -435,12 +435,20 @@ class Tree:
                 self._seen.clear()
             self._seen.add(parent)
             return self._read_opath(self.open(parent + b"/" + name), name, limit)
-        dirfd = self.hold(parent)
-        try:
-            return self._read_opath(
-                os.open(name, _O_PATH | _O_NOFOLLOW | _O_CLOEXEC, dir_fd=dirfd), name, limit)
-        finally:
-            self.release(parent)
+        with self._dirs_lock:
+            # A kept directory is used under the lock for the one call that needs it (the
+            # lock stops another thread closing it meanwhile): no hold and release.
+            entry = self._dirs.get(parent)
+            if entry is not None:
+                self._dirs.move_to_end(parent)
+                fd = os.open(name, _O_PATH | _O_NOFOLLOW | _O_CLOEXEC, dir_fd=entry[0])
+        if entry is None:
+            dirfd = self.hold(parent)
+            try:
+                fd = os.open(name, _O_PATH | _O_NOFOLLOW | _O_CLOEXEC, dir_fd=dirfd)
+            finally:
+                self.release(parent)
+        return self._read_opath(fd, name, limit)
 
     def _read_opath(self, fd, name, limit):
         # type: (int, bytes, int) -> Optional[bytes]
