@@ -92,9 +92,8 @@ class IdleState:
         return int(text) if text.isascii() and text.isdigit() and len(text) < 12 else None
 
 
-@dataclass
-class StateUse:
-    """Where one idle state is enabled and disabled, across CPUs."""
+class StateUse(NamedTuple):
+    """Where one idle state is enabled and disabled, across CPUs (lists that grow)."""
 
     state: IdleState
     enabled: list[int]

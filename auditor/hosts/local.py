@@ -160,19 +160,6 @@ class DirectoryHost(Host):
         # A symlink where the file is named: resolved inside the tree, the slow way.
         return super().read_bytes(path, limit)
 
-    def read_optional(self, path: str) -> str | None:
-        """As :meth:`Host.read_optional`, the common case (a regular file where it is
-        named) without the layers between: checks read thousands of small files."""
-        split = self._split(_normal(path))
-        try:
-            data = None if split is None else self.tree.read_file(split[0], split[1], 1 << 20)
-            if data is None:
-                # A symlink where the file is named: resolved inside the tree, the slow way.
-                data = super().read_bytes(path)
-        except OSError:
-            return None
-        return data.decode("utf-8", "replace").strip()
-
     def _read_resolved(self, path: str, limit: int) -> bytes:
         return self.tree.read(self.names.raw(path), limit)
 

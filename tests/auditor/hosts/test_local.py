@@ -34,8 +34,8 @@ def test_local_host_reads_the_live_machine() -> None:
 
 def test_directory_host_read_optional_is_none_for_what_is_no_readable_file(
         h200: Sysroot) -> None:
-    """The fast path of read_optional keeps read_text's answers: a FIFO, a directory, a
-    dangling link or a missing file is None; bytes that are not UTF-8 are replaced."""
+    """A FIFO, a directory, a dangling link or a missing file is None; bytes that are not
+    UTF-8 are replaced; a path is read as its normal form."""
     os.mkfifo(h200.root / "etc/fifo")
     h200.symlink("/etc/dangling", "/etc/nowhere")
     (h200.root / "etc/latin1").write_bytes(b"caf\xe9 \n")
