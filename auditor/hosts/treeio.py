@@ -86,19 +86,17 @@ class _OpenAt2:
         self.ctypes = ctypes
         self.how = OpenHow
         self.size = ctypes.sizeof(OpenHow)
-        self.hows = {}  # type: Dict[int, int]
-        self.kept = []  # type: List[object]
+        # One open_how per set of flags, with its address (the kernel only reads it).
+        self.hows = {}  # type: Dict[int, Tuple[object, int]]
         self.call = syscall
 
     def open(self, dirfd, path, flags):
         # type: (int, bytes, int) -> int
-        address = self.hows.get(flags)
-        if address is None:
-            # Built once per set of flags (and kept alive here): the kernel only reads it.
+        built = self.hows.get(flags)
+        if built is None:
             how = self.how(flags | _O_CLOEXEC, 0, _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS)
-            self.kept.append(how)
-            address = self.hows[flags] = self.ctypes.addressof(how)
-        fd = self.call(_SYS_OPENAT2, dirfd, path, address, self.size)  # type: ignore
+            built = self.hows[flags] = (how, self.ctypes.addressof(how))
+        fd = self.call(_SYS_OPENAT2, dirfd, path, built[1], self.size)  # type: ignore
         if fd < 0:
             code = self.ctypes.get_errno()
             raise OSError(code, os.strerror(code), os.fsdecode(path))
@@ -173,7 +171,7 @@ def _open_magic(fd, flags):
     # type: (int, int) -> int
     """Open the very inode an ``O_PATH`` descriptor holds, through ``/proc/self/fd``
     (raise ENOENT where /proc is not mounted)."""
-    proc = _PROC_FD[1] if _PROC_FD[0] == os.getpid() else _proc_fd()
+    proc = _proc_fd()
     if proc < 0:
         raise OSError(errno.ENOENT, "no /proc/self/fd")
     return os.open("%d" % fd, flags | _O_CLOEXEC, dir_fd=proc)
@@ -435,19 +433,11 @@ class Tree:
                 self._seen.clear()
             self._seen.add(parent)
             return self._read_opath(self.open(parent + b"/" + name), name, limit)
-        with self._dirs_lock:
-            # A kept directory is used under the lock for the one call that needs it (the
-            # lock stops another thread closing it meanwhile): no hold and release.
-            entry = self._dirs.get(parent)
-            if entry is not None:
-                self._dirs.move_to_end(parent)
-                fd = os.open(name, _O_PATH | _O_NOFOLLOW | _O_CLOEXEC, dir_fd=entry[0])
-        if entry is None:
-            dirfd = self.hold(parent)
-            try:
-                fd = os.open(name, _O_PATH | _O_NOFOLLOW | _O_CLOEXEC, dir_fd=dirfd)
-            finally:
-                self.release(parent)
+        dirfd = self.hold(parent)
+        try:
+            fd = os.open(name, _O_PATH | _O_NOFOLLOW | _O_CLOEXEC, dir_fd=dirfd)
+        finally:
+            self.release(parent)
         return self._read_opath(fd, name, limit)
 
     def _read_opath(self, fd, name, limit):
