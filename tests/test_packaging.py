@@ -79,20 +79,22 @@ def test_a_json_audit_imports_neither_jinja_nor_ssh_libraries() -> None:
     assert _imported_after(code, ("jinja2", "fabric", "paramiko", "invoke")) == []
 
 
+#: What every command does first.
+LOAD_CHECKS = "from auditor.registry import load_checks\nload_checks()"
+
+
 def test_loading_the_checks_imports_no_fix_machinery() -> None:
     """Every run imports every check: what only a fix or some hosts need waits until used."""
-    code = "from auditor.registry import load_checks\nload_checks()"
-    assert _imported_after(code, ("auditor.remediations.steps", "auditor.remediations.boot",
+    assert _imported_after(LOAD_CHECKS, ("auditor.remediations.steps", "auditor.remediations.boot",
                                   "auditor.fix", "jinja2", "configparser", "hashlib")) == []
 
 
 def test_a_warm_start_reads_no_distribution_metadata() -> None:
     """With the entry points remembered, listing the checks needs no metadata search (and
     none of what importlib.metadata, or applying a fix, would import)."""
-    code = "from auditor.registry import load_checks\nload_checks()"
     modules = ("importlib.metadata", "email", "socket", "tempfile")
-    _imported_after(code, modules)  # the first run remembers the entry points
-    assert _imported_after(code, modules) == []
+    _imported_after(LOAD_CHECKS, modules)  # the first run remembers the entry points
+    assert _imported_after(LOAD_CHECKS, modules) == []
 
 
 @pytest.mark.parametrize(("filename", "count"), [("checks/planted.py", 1),
