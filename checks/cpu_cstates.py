@@ -20,7 +20,6 @@ keeps acpi_idle's _CST states C1..CN (drivers/acpi/processor_idle.c
 
 from __future__ import annotations
 
-import functools
 import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
@@ -79,11 +78,13 @@ _CPU_LIST = lazy_re(r"^(?:[0-9]{1,5}(?:-[0-9]{1,5})?)(?:,[0-9]{1,5}(?:-[0-9]{1,5
 
 @dataclass(frozen=True)
 class IdleState:
-    """One idle state of a cpuidle driver: its index, name and exit latency as read."""
+    """One idle state of a cpuidle driver: its index, name and exit latency as read, and
+    the CPU whose directory they were read under."""
 
     index: int
     name: str
     latency: str
+    cpu: int = -1
 
     @property
     def latency_us(self) -> int | None:
@@ -128,32 +129,42 @@ def read_state_table(host: Host, cpu: int) -> tuple[IdleState, ...]:
         if name is None:
             break
         latency = host.read_optional(f"{base}/state{index}/latency") or ""
-        states.append(IdleState(index=index, name=name, latency=latency))
+        states.append(IdleState(index=index, name=name, latency=latency, cpu=cpu))
     return tuple(states)
 
 
-def read_disable_flags(host: Host, cpu: int, count: int) -> tuple[bool, ...]:
-    """Return whether each of a CPU's first ``count`` states is enabled, up to a missing one."""
-    enabled: list[bool] = []
-    for index in range(count):
-        flag = host.read_optional(f"{CPU_DIR}/cpu{cpu}/cpuidle/state{index}/disable")
-        if flag is None:
-            break
-        # The kernel writes 0 or 1; anything else cannot prove the state is off.
-        enabled.append(flag != "1")
-    return tuple(enabled)
+def read_flag(host: Host, cpu: int, index: int) -> bool | None:
+    """Return whether a CPU's idle state ``index`` is enabled; None where it has no flag."""
+    flag = host.read_optional(f"{CPU_DIR}/cpu{cpu}/cpuidle/state{index}/disable")
+    # The kernel writes 0 or 1; anything else cannot prove the state is off.
+    return None if flag is None else flag != "1"
 
 
-def state_usage(host: Host, cpus: Iterable[int]) -> list[StateUse]:
-    """Return every distinct idle state with the CPUs it is enabled and disabled on.
+class Usage(NamedTuple):
+    """The idle states the drivers register, and where the ones read are enabled."""
+
+    states: list[IdleState]
+    uses: list[StateUse]
+
+
+def state_usage(host: Host, cpus: Iterable[int],
+                strict: Callable[[IdleState], bool]) -> Usage:
+    """Return every distinct idle state, and the CPUs states are enabled and disabled on.
 
     A state's name, desc, latency and residency belong to the cpuidle driver and read
     the same under every CPU it drives; only ``disable`` is per CPU. So the table is
-    read once per driver, and per CPU only the disable flags (plus the per-CPU driver
-    name on kernels built to drive CPUs with several drivers; the first CPU tells).
+    read once per driver (plus the per-CPU driver name on kernels built to drive CPUs
+    with several drivers; the first CPU tells), and per CPU only disable flags:
+
+    - a state ``strict`` names (one that may fail: too deep, or its latency unreadable)
+      on every CPU, since a finding names the CPUs it is enabled and disabled on;
+    - of the others only the deepest enabled one counts (the verdict names it): they are
+      read deepest first, and the first CPU found with one enabled ends the reading (on
+      512 CPUs, one read instead of 512 per shallow state). A state read on every CPU
+      and enabled on none lists them all as disabled.
     """
     tables: dict[str | None, tuple[IdleState, ...]] = {}
-    groups: dict[tuple[str | None, tuple[bool, ...]], list[int]] = {}
+    members: dict[str | None, list[int]] = {}
     several_drivers: bool | None = None
     for cpu in cpus:
         driver = None
@@ -161,21 +172,42 @@ def state_usage(host: Host, cpus: Iterable[int]) -> list[StateUse]:
             driver = host.read_optional(f"{CPU_DIR}/cpu{cpu}/cpuidle/driver/name")
             if several_drivers is None:
                 several_drivers = driver is not None
-        table = tables.get(driver)
-        if not table:
-            table = tables[driver] = read_state_table(host, cpu)
-        flags = read_disable_flags(host, cpu, len(table))
-        if flags:
-            groups.setdefault((driver, flags), []).append(cpu)
+        if not tables.get(driver):
+            tables[driver] = read_state_table(host, cpu)
+        members.setdefault(driver, []).append(cpu)
     uses: dict[tuple[int, str, int], StateUse] = {}
-    for (driver, flags), members in groups.items():
-        # A CPU whose flags stop early lists fewer states than its driver's table.
-        for state, enabled in zip(tables[driver], flags, strict=False):
-            latency = state.latency_us
-            key = (state.index, state.name, -1 if latency is None else latency)
-            use = uses.setdefault(key, StateUse(state, [], []))
-            (use.enabled if enabled else use.disabled).extend(members)
-    return [uses[key] for key in sorted(uses)]
+
+    def use_of(state: IdleState) -> StateUse:
+        latency = state.latency_us
+        key = (state.index, state.name, -1 if latency is None else latency)
+        return uses.setdefault(key, StateUse(state, [], []))
+
+    for driver, on in members.items():
+        table = tables[driver]
+        for state in (s for s in table if strict(s)):
+            for cpu in on:
+                enabled = read_flag(host, cpu, state.index)
+                if enabled is not None:
+                    use = use_of(state)
+                    (use.enabled if enabled else use.disabled).append(cpu)
+        shallow = sorted((s for s in table if not strict(s)),
+                         key=lambda s: (s.latency_us or 0, s.index), reverse=True)
+        for state in shallow:
+            disabled: list[int] = []
+            for cpu in on:
+                enabled = read_flag(host, cpu, state.index)
+                if enabled:
+                    use_of(state).enabled.append(cpu)
+                    break
+                if enabled is not None:
+                    disabled.append(cpu)
+            else:
+                if disabled:
+                    use_of(state).disabled.extend(disabled)
+                continue
+            break
+    states = {(s.index, s.name, s.latency): s for table in tables.values() for s in table}
+    return Usage([states[key] for key in sorted(states)], [uses[key] for key in sorted(uses)])
 
 
 def cstate_limits(host: Host, params: dict[str, str]) -> list[str]:
@@ -219,6 +251,36 @@ def known_deep(vendor: str, family: int, driver: str, state: IdleState,
                 and state.name == name and desc().startswith(prefix)):
             return what
     return ""
+
+
+def state_desc(host: Host, cpu: int, index: int) -> str:
+    """Return a state's description: the driver's, the same on every CPU (read once)."""
+    path = f"{CPU_DIR}/cpu{cpu}/cpuidle/state{index}/desc"
+    return host.fact("text:" + path, lambda h: h.read_optional(path) or "")
+
+
+class Identity:
+    """Which states are deep by what they are (:data:`KNOWN_DEEP`), for one idle driver.
+
+    The CPU's vendor and family are read on the first question; a state's description
+    only for a state that may be one.
+    """
+
+    def __init__(self, host: Host, driver: str, judge: bool) -> None:
+        self.host = host
+        self.driver = driver
+        self.judge = judge
+        self._cpu: tuple[str, int] | None = None
+
+    def of(self, state: IdleState) -> str:
+        """Return what ``state`` is when that makes it deep whatever its latency, or ""."""
+        if not self.judge:
+            return ""
+        if self._cpu is None:
+            self._cpu = cpu_identity(self.host)
+        vendor, family = self._cpu
+        return known_deep(vendor, family, self.driver, state,
+                          lambda: state_desc(self.host, state.cpu, state.index))
 
 
 class QosLimit(NamedTuple):
@@ -362,14 +424,21 @@ class CpuCstates(Check[CstateOptions]):
                 evidence={**base_evidence, "idle": idle},
             )
             return
-        uses = state_usage(host, online_cpus(host))
-        if not uses:
+        named = driver or "unknown"
+        identity = Identity(host, named, self.options.judge_identity)
+
+        def strict(state: IdleState) -> bool:
+            """Whether the state can fail: too deep, deep by what it is, or unreadable."""
+            latency = state.latency_us
+            return latency is None or latency > limit or bool(identity.of(state))
+
+        usage = state_usage(host, online_cpus(host), strict)
+        if not usage.uses:
             limits = f"; {'; '.join(notes)}" if notes else ""
             yield self._without_states(driver, idle, limit, limits, base_evidence, env)
             return
-        driver = driver or "unknown"
-        base_evidence["driver"] = driver
-        yield from self._judge(host, uses, driver, limit, note, base_evidence)
+        base_evidence["driver"] = named
+        yield from self._judge(host, usage, identity, named, limit, note, base_evidence)
 
     def _without_states(
         self, driver: str | None, idle: str | None, limit: int, note: str,
@@ -396,15 +465,14 @@ class CpuCstates(Check[CstateOptions]):
         return self.skipped("cpuidle", reason + note, evidence=evidence)
 
     def _judge(
-        self, host: Host, uses: list[StateUse], driver: str, limit: int, note: str,
-        base_evidence: dict[str, str],
+        self, host: Host, usage: Usage, identity: Identity, driver: str, limit: int,
+        note: str, base_evidence: dict[str, str],
     ) -> Iterable[Finding]:
         judged_all, failed = True, False
         deepest: tuple[int, str] | None = None
-        vendor, family = cpu_identity(host) if self.options.judge_identity else ("", -1)
-        qos = qos_limit(host, [u.state for u in uses])
+        qos = qos_limit(host, usage.states)
         blocked: list[str] = []
-        for use in uses:
+        for use in usage.uses:
             state = use.state
             latency = state.latency_us
             if not use.enabled:
@@ -419,9 +487,8 @@ class CpuCstates(Check[CstateOptions]):
                 )
                 judged_all = False
                 continue
-            identity = known_deep(vendor, family, driver, state,
-                                  functools.partial(self._desc, host, use))
-            if latency <= limit and not identity:
+            what = identity.of(state)
+            if latency <= limit and not what:
                 if deepest is None or latency >= deepest[0]:
                     deepest = (latency, state.name)
                 continue
@@ -431,7 +498,7 @@ class CpuCstates(Check[CstateOptions]):
                 continue
             failed = True
             yield self._too_deep(host, use, latency, cpus, driver, limit, note, base_evidence,
-                                 identity)
+                                 what)
         if failed or not judged_all:
             return
         if deepest is None:
@@ -466,7 +533,7 @@ class CpuCstates(Check[CstateOptions]):
         directory = f"state{state.index}"
         # desc and residency are the driver's, the same on every CPU: read them once.
         sample = f"{CPU_DIR}/cpu{use.enabled[0]}/cpuidle/{directory}"
-        desc = self._desc(host, use)
+        desc = state_desc(host, use.enabled[0], state.index)
         residency = host.read_optional(f"{sample}/residency") or ""
         partly = (
             f" (disabled on CPUs {format_cpulist(use.disabled)})" if use.disabled else ""
@@ -501,11 +568,6 @@ class CpuCstates(Check[CstateOptions]):
             evidence=evidence,
         )
 
-    @staticmethod
-    def _desc(host: Host, use: StateUse) -> str:
-        """Return a state's description: the driver's, the same on every CPU (read once)."""
-        path = f"{CPU_DIR}/cpu{use.enabled[0]}/cpuidle/state{use.state.index}/desc"
-        return host.fact("text:" + path, lambda h: h.read_optional(path) or "")
 
     # -- the fix --------------------------------------------------------------------------
 

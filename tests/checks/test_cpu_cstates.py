@@ -300,16 +300,38 @@ def test_reads_declares_every_path_and_each_file_is_read_once(h200: Sysroot) -> 
     assert dict(fails(found)["C7"].evidence)["cpus"] == format_odd(cpus)
     assert undeclared(host.asked, CpuCstates.reads) == []
     assert len(host.reads) == len(set(host.reads))
-    # One listing of the CPU directory. Per CPU: each state's disable flag. Once: the
-    # per-CPU driver name (absent here, so not read again), the driver's table (name,
-    # one probe past the last state, latency), desc and residency per failing state,
-    # the driver, the offline list, the command line and two module parameters.
+    # One listing of the CPU directory. Per CPU: the disable flag of each state that can
+    # fail (C1-C7); POLL, within the limit, only on the first CPU (enabled there: the
+    # deepest enabled state within the limit is known). Once: the per-CPU driver name
+    # (absent here, so not read again), the driver's table (name, one probe past the
+    # last state, latency), desc and residency per failing state, the driver, the
+    # offline list, the command line and two module parameters.
     assert host.listings == [CPU]
     table_reads = (states + 1) + states + 2 * (states - 1)
     # Once each: where the audit runs (the environment's files) and tuned's active profile.
     shared = [p for p in host.reads if p in (*where.READS, *tuned.READS)]
     assert len(shared) <= len(where.READS) + 1
-    assert len(host.reads) == cpus * states + 1 + table_reads + 5 + len(shared)
+    flags = cpus * (states - 1) + 1
+    assert len(host.reads) == flags + 1 + table_reads + 5 + len(shared)
+
+
+def test_states_within_the_limit_are_read_deepest_first_until_one_is_enabled(
+        h200: Sysroot) -> None:
+    """The verdict names the deepest enabled state within the limit: C1E is disabled
+    everywhere, so C1 is read until a CPU has it enabled (CPU 5), and POLL never."""
+    cpus = 16
+    plant_states(h200, range(cpus), INTEL,
+                 disabled={"C6": range(cpus), "C1E": range(cpus), "C1": range(5)})
+    host = RecordingHost(str(h200.root))
+    [finding] = CpuCstates().evaluate(host)
+    assert finding.status is Status.PASS
+    assert "the deepest enabled state is C1 (2 us)" in finding.message
+    flags = [p for p in host.reads if p.endswith("/disable")]
+    read = {(int(p.split("/cpu")[2].split("/")[0]), p.split("/")[-2]) for p in flags}
+    assert read == ({(c, "state3") for c in range(cpus)}  # C6: can fail, every CPU
+                    | {(c, "state2") for c in range(cpus)}  # C1E: disabled everywhere
+                    | {(c, "state1") for c in range(6)})  # C1 up to CPU 5
+    assert len(flags) == len(read)
 
 
 def format_odd(cpus: int) -> str:
