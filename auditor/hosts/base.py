@@ -272,7 +272,7 @@ class Host(ABC):
     def read_optional(self, path: str) -> str | None:
         """Return the stripped text of a file, or None if it is missing or unreadable."""
         try:
-            return self.read_text(path).strip()
+            return self.read_bytes(path).decode("utf-8", "replace").strip()
         except OSError:
             return None
 

@@ -6,7 +6,6 @@ import contextlib
 import errno
 import glob as globlib
 import os
-import posixpath
 import signal
 import stat
 import subprocess
@@ -29,14 +28,6 @@ def _entry_from_stat(st: os.stat_result, target: Callable[[], str]) -> Entry:
     if stat.S_ISBLK(mode):
         return Entry("blk", major=os.major(st.st_rdev), minor=os.minor(st.st_rdev))
     return Entry("other")
-
-
-def _normal(path: str) -> str:
-    if path.startswith("/") and "//" not in path and "/." not in path and path[-1] != "/":
-        return path  # already normal: what checks ask for, almost always
-    if not path.startswith("/"):
-        path = "/" + path
-    return posixpath.normpath(path) if ".." not in path else path
 
 
 def _read_file(real: str | bytes, limit: int) -> bytes:
@@ -149,10 +140,12 @@ class DirectoryHost(Host):
         A directory read from a second time is kept open and its files are opened from it
         (sysfs keeps a few files per directory: policyN, stateK): :meth:`Tree.read_file`.
         """
-        split = self._split(_normal(path))
-        if split is not None:
+        # The tree resolves the directory's "//", "." and ".." inside it, as the kernel
+        # does; a path whose last component is none of its own takes the slow way.
+        parent, _, name = self.names.raw(path).rpartition(b"/")
+        if name not in (b"", b".", b".."):
             try:
-                data = self.tree.read_file(split[0], split[1], limit)
+                data = self.tree.read_file(parent or b"/", name, limit)
             except (FileNotFoundError, NotADirectoryError):
                 raise FileNotFoundError(path) from None
             if data is not None:

@@ -143,6 +143,20 @@ def _close(fds):
 #: [the process it was opened in, a descriptor of its /proc/self/fd or -1 without /proc].
 _PROC_FD = [-1, -1]
 _PROC_FD_LOCK = threading.Lock()
+#: This process's id, kept by a fork hook: ``os.getpid()`` is a system call (glibc keeps
+#: no cache since 2.25), on every file read. None where Python has no fork hooks (3.6).
+_PID = None  # type: Optional[List[int]]
+
+
+def _forked():
+    # type: () -> None
+    if _PID is not None:
+        _PID[0] = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):
+    _PID = [os.getpid()]
+    os.register_at_fork(after_in_child=_forked)
 
 
 def _proc_fd():
@@ -154,7 +168,7 @@ def _proc_fd():
     inherited names its parent's descriptors, and is left alone: its number may have
     been reused since).
     """
-    pid = os.getpid()
+    pid = _PID[0] if _PID is not None else os.getpid()
     if _PROC_FD[0] == pid:
         return _PROC_FD[1]
     with _PROC_FD_LOCK:
@@ -195,8 +209,13 @@ class Tree:
         # Directories resolved once (path -> [descriptor, users]), least recently used first.
         self._dirs = collections.OrderedDict()  # type: collections.OrderedDict[bytes, List[int]]
         self._dirs_lock = threading.Lock()
-        # Directories read from once: a second read from one keeps it open (read_file).
+        # Directories read from once in the component walk: a second read from one keeps
+        # it open (read_file).
         self._seen = set()  # type: Set[bytes]
+        # Directories files were read from, with the path a name is appended to for
+        # openat2 (the directory's path and a "/"), or b"" for one never handed to the
+        # kernel as it is (a NUL byte, too many components) (read_file).
+        self._bases = {}  # type: Dict[bytes, bytes]
         # A tree nobody closed gives its descriptors back when it is collected.
         self._finalizer = weakref.finalize(self, _close_tree, self.fd, self._dirs)
 
@@ -424,10 +443,29 @@ class Tree:
         """Read the regular file ``name`` of the directory ``parent`` of the tree; None
         when ``name`` is a symlink (the caller resolves it inside the tree).
 
-        The first file read from a directory is opened by its whole path (one call); from
-        the second on, the directory is held (:meth:`hold`) and its files opened from it.
-        Never opens a FIFO or device node.
+        Where the kernel resolves paths (openat2), every file is opened by its whole path,
+        one call; the directory's path is checked once (:meth:`open` checks each path).
+        In the component walk, the first file read from a directory is opened by its whole
+        path; from the second on, the directory is held (:meth:`hold`) and its files
+        opened from it. Never opens a FIFO or device node.
         """
+        if name.count(b"\0") or name.count(b"/") or name in (b"", b".", b".."):
+            # Not a name of a file in ``parent``: the whole path, as :meth:`open` takes any.
+            return self._read_opath(self.open(parent + b"/" + name), name, limit)
+        kernel = self._kernel()
+        if kernel is not None:
+            base = self._bases.get(parent)
+            if base is None:
+                base = self._base(parent)
+            if not base:
+                return self._read_opath(self.open(parent + b"/" + name), name, limit)
+            try:
+                fd = kernel.open(self.fd, base + name, _O_PATH | _O_NOFOLLOW)
+            except OSError as exc:
+                if exc.errno != errno.EAGAIN:
+                    raise
+                fd = self.open(parent + b"/" + name)  # renamed under it: tried again
+            return self._read_opath(fd, name, limit)
         if parent not in self._seen:
             if len(self._seen) > 65536:
                 self._seen.clear()
@@ -439,6 +477,20 @@ class Tree:
         finally:
             self.release(parent)
         return self._read_opath(fd, name, limit)
+
+    def _base(self, parent):
+        # type: (bytes) -> bytes
+        """Return the path a name in ``parent`` is appended to for openat2, or b"" where
+        the directory's path is not one to hand the kernel (see :meth:`read_file`)."""
+        # Only the last component must never be followed (a trailing "/" or "/." would
+        # make the kernel follow it); the name appended is one, so the directory's own
+        # ".", ".." and empty components resolve in the kernel, inside the root.
+        ok = parent.count(b"\0") == 0 and parent.count(b"/") < MAX_COMPONENTS
+        base = parent.rstrip(b"/") + b"/" if ok else b""
+        if len(self._bases) > 65536:
+            self._bases.clear()
+        self._bases[parent] = base
+        return base
 
     def _read_opath(self, fd, name, limit):
         # type: (int, bytes, int) -> Optional[bytes]

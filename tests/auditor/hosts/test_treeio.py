@@ -101,10 +101,14 @@ def test_a_directory_swapped_for_a_symlink_never_leads_out(
     stop = threading.Event()
 
     def swap() -> None:
+        # Absolute and relative: both lead out of the tree as the machine sees it.
+        targets = (outside, Path(os.path.relpath(outside, root / "etc")))
+        turn = 0
         while not stop.is_set():
+            turn += 1
             try:
                 os.rename(root / "etc/sub", root / "etc/sub.real")
-                os.symlink(outside, root / "etc/sub")
+                os.symlink(targets[turn % 2], root / "etc/sub")
                 os.unlink(root / "etc/sub")
                 os.rename(root / "etc/sub.real", root / "etc/sub")
             except OSError:
@@ -116,8 +120,13 @@ def test_a_directory_swapped_for_a_symlink_never_leads_out(
     try:
         with Tree(str(root), use_openat2=mode) as tree:
             for _ in range(3000):
+                for read in (lambda: tree.read("/etc/sub/file", 100),
+                             lambda: tree.read_file(b"/etc/sub", b"file", 100)):
+                    try:
+                        seen.add(read())
+                    except OSError:
+                        pass
                 try:
-                    seen.add(tree.read("/etc/sub/file", 100))
                     tree.write("/etc/sub/file", b"inside\n")
                 except OSError:
                     pass
@@ -126,6 +135,35 @@ def test_a_directory_swapped_for_a_symlink_never_leads_out(
         thread.join()
     assert b"SECRET\n" not in seen
     assert (outside / "file").read_text() == "SECRET\n"
+
+
+def test_read_file_resolves_the_directory_inside_the_tree_and_never_follows_the_name(
+        layout: tuple[Path, Path], mode: bool | None) -> None:
+    """``read_file`` hands the kernel a directory's path as it is (checked once per
+    directory): its symlinks, ".", ".." and empty components resolve inside the tree."""
+    root, outside = layout
+    (root / "etc/sub").mkdir()
+    (root / "etc/sub/file").write_text("sub\n")
+    (root / "link").symlink_to("/etc")  # absolute: from the tree's root
+    (root / "out").symlink_to(outside)
+    (root / "up").symlink_to("../../../../outside")
+    (outside / "file").write_text("SECRET\n")
+    with Tree(str(root), use_openat2=mode) as tree:
+        for parent in (b"/etc", b"etc", b"/etc/", b"//etc", b"/./etc", b"/etc/sub/..",
+                       b"/../../etc", b"/link", b"/link/sub/.."):
+            for _ in range(2):  # the directory's path is kept after the first read
+                assert tree.read_file(parent, b"hostname", 100) == b"inside\n", parent
+        assert tree.read_file(b"/", b"link", 100) is None  # a symlink: resolved by the caller
+        assert tree.read_file(b"/etc", b"abs", 100) is None
+        assert tree.read_file(b"/etc", b"sub/file", 100) == b"sub\n"
+        for parent, name in ((b"/out", b"file"), (b"/up", b"file"), (b"/etc/dir", b"secret"),
+                             (b"/etc", b"fifo"), (b"/etc/sub", b".."), (b"/etc", b"")):
+            with pytest.raises(OSError):
+                tree.read_file(parent, name, 100)
+        for parent, name in ((b"/etc", b"hostname\0/x"), (b"/etc\0/x", b"hostname")):
+            with pytest.raises(OSError) as raised:
+                tree.read_file(parent, name, 100)
+            assert raised.value.errno == errno.EINVAL  # never cut at the NUL
 
 
 def test_paths_are_bounded(layout: tuple[Path, Path], mode: bool | None) -> None:
