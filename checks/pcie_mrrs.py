@@ -153,17 +153,22 @@ class PcieMrrs(Check[MrrsOptions]):
         candidates = 0
         ports: dict[str, pci.PcieCapability | None] = {}
         for address in pci.pci_addresses(host):
-            # The sysfs class file first: config space is read only for the devices judged.
-            class_code = pci.device_class(host, address)
+            # The inventory's sysfs class and ids first (read once for every check); where
+            # sysfs has none, the config header's. Config space is read only for the
+            # devices judged.
+            device = inventory.get(address)
+            known = device.class_code if device is not None else None
+            class_code = known if known is not None else pci.device_class(host, address)
             if class_code is None or not is_judged_class(class_code):
                 continue
-            device = inventory.get(address)
             if device is None or device.virtual_function:
                 # A VF's MaxReadReq field is reserved: its physical function's value applies.
                 continue
-            ids = pci.device_ids(host, address)
-            device = device._replace(class_code=class_code, vendor=ids[0] if ids else None,
-                                     device=ids[1] if ids else None)
+            if device.vendor is None or device.device is None:
+                ids = pci.device_ids(host, address)
+                device = device._replace(vendor=ids[0] if ids else None,
+                                         device=ids[1] if ids else None)
+            device = device._replace(class_code=class_code)
             if not (device.is_gpu or device.is_network):
                 continue  # a BMC's or an emulated display: not a GPU
             candidates += 1
@@ -181,7 +186,7 @@ class PcieMrrs(Check[MrrsOptions]):
                     evidence={"class": f"{class_code:#08x}", "driver": device.driver}))
                 continue
             config = pci.read_config(host, address)
-            judged = self._judge_device(host, address, class_code, config, target, env)
+            judged = self._judge_device(host, device, config, target, env)
             if isinstance(judged, list):
                 findings.extend(judged)
                 if judged and judged[0].status is not Status.SKIP and not env.vm:
@@ -258,18 +263,17 @@ class PcieMrrs(Check[MrrsOptions]):
                           "bridge_parent": parent, "bridge_link": now, "bridge_link_max": best})
 
     def _judge_device(
-        self, host: Host, address: str, class_code: int, config: bytes | None, target: int,
+        self, host: Host, device: pci.PciDevice, config: bytes | None, target: int,
         env: environment.Environment,
     ) -> list[Finding] | _NotJudged:
-        ids = pci.device_ids(host, address, config)
-        vendor = pci.vendor_name(ids[0] if ids else None)
+        address, class_code = device.address, device.class_code or 0
+        vendor = pci.vendor_name(device.vendor)
         kind = "GPU" if is_gpu_class(class_code) else "network controller"
         what = f"{vendor} {kind}"
-        driver = pci.driver_name(host, address)
-        evidence = {"class": f"{class_code:#08x}", "driver": driver}
-        if ids:
-            evidence["vendor"] = f"{ids[0]:#06x}"
-            evidence["device"] = f"{ids[1]:#06x}"
+        evidence = {"class": f"{class_code:#08x}", "driver": device.driver}
+        if device.vendor is not None and device.device is not None:
+            evidence["vendor"] = f"{device.vendor:#06x}"
+            evidence["device"] = f"{device.device:#06x}"
         if config is None:
             return [self.skipped(address, f"{what}: its config space cannot be read",
                                  evidence=evidence)]

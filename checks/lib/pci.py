@@ -255,12 +255,10 @@ def device_path(address: str) -> str:
 def read_file(host: Host, path: str, limit: int = 4096) -> str | None:
     """Return a regular file's text (at most ``limit`` bytes), or None.
 
-    None also for what is not a regular file: a FIFO planted in a sysroot would block the
-    read forever, and sysfs attributes, procfs files and captures' files are all regular.
+    None also for what is not a regular file: the host seam reads no FIFO or device node
+    of a sysroot, capture or remote host (a FIFO would block the read forever), and
+    sysfs attributes, procfs files and captures' files are all regular.
     """
-    entry = host.stat(path)
-    if entry is None or entry.kind != "file":
-        return None
     try:
         return host.read_text(path, limit)
     except OSError:
@@ -280,12 +278,8 @@ def read_hex(host: Host, path: str) -> int | None:
 
 def read_config(host: Host, address: str) -> bytes | None:
     """Return a device's config space bytes, or None if the file cannot be read."""
-    path = f"{device_path(address)}/config"
-    entry = host.stat(path)
-    if entry is None or entry.kind != "file":
-        return None
     try:
-        return host.read_bytes(path, CONFIG_READ_LIMIT)
+        return host.read_bytes(f"{device_path(address)}/config", CONFIG_READ_LIMIT)
     except OSError:
         return None
 
