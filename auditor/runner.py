@@ -15,8 +15,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +26,8 @@ from auditor.model import CheckResult, Finding, Report, Status
 from auditor.policy import Policy
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     from auditor.hosts.ssh import SshHost, SshOptions, SshTarget
 
 
@@ -139,8 +139,8 @@ def audit(
     Elsewhere (a capture, a directory, a collection held in memory) every read is a few
     microseconds of Python holding the GIL, and agents in parallel only trade it back and
     forth (measured: a 512-CPU sysroot audits in 0.3 s on one agent, 0.6 s on eight):
-    they run one after another, still on the pool, under the same deadline. ``workers``
-    overrides either.
+    they run one after another, in this thread where no deadline is set, on one agent
+    under the deadline otherwise. ``workers`` overrides either.
 
     ``deadline`` (``time.monotonic()``): a check still running then becomes an ``error``
     finding (its thread is left to finish on its own).
@@ -151,7 +151,34 @@ def audit(
     started = time.perf_counter()
     default = PARALLEL_AGENTS if host.blocking_reads else 1
     pool_size = max(1, min(len(checks), workers or default))
-    pool = ThreadPoolExecutor(max_workers=pool_size, thread_name_prefix="check")
+    if pool_size == 1 and deadline is None:
+        results = tuple(run_check(host, check, policy, debug) for check in checks)
+        facts = host_facts(host)
+    else:
+        results, facts = _audit_on_agents(host, checks, policy, debug, pool_size, deadline,
+                                          started)
+    return Report(
+        host=host.name,
+        target=host.target,
+        # Sub-second: two reports of one host from one second still order (audit merge).
+        started=started_at.isoformat(timespec="microseconds"),
+        duration_s=time.perf_counter() - started,
+        results=results,
+        facts=facts,
+        version=__version__,
+        policy=policy.provenance(),
+    )
+
+
+def _audit_on_agents(
+    host: Host, checks: Sequence[CheckClass], policy: Policy, debug: bool, agents: int,
+    deadline: float | None, started: float,
+) -> tuple[tuple[CheckResult, ...], tuple[tuple[str, str], ...]]:
+    """Run the checks on a pool of ``agents`` threads; see :func:`audit`."""
+    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import TimeoutError as FutureTimeout
+
+    pool = ThreadPoolExecutor(max_workers=agents, thread_name_prefix="check")
     try:
         futures = [pool.submit(run_check, host, check, policy, debug) for check in checks]
         facts = host_facts(host)
@@ -164,20 +191,9 @@ def audit(
                 done.append(CheckResult(check.id, time.perf_counter() - started, (replace(
                     _error(check, "timed out: the host's --timeout passed before the check "
                            "finished"), host=host.name),)))
-        results = tuple(done)
+        return tuple(done), facts
     finally:
         pool.shutdown(wait=deadline is None, cancel_futures=True)
-    return Report(
-        host=host.name,
-        target=host.target,
-        # Sub-second: two reports of one host from one second still order (audit merge).
-        started=started_at.isoformat(timespec="microseconds"),
-        duration_s=time.perf_counter() - started,
-        results=results,
-        facts=facts,
-        version=__version__,
-        policy=policy.provenance(),
-    )
 
 
 # -- many hosts --------------------------------------------------------------------------
@@ -367,6 +383,8 @@ class FleetAudit:
 
     def _run_threads(self, indices: Iterable[int], parallel: int,
                      on_done: Callable[[int, Report], None]) -> None:
+        from concurrent.futures import ThreadPoolExecutor, wait
+
         wanted = list(indices)
         pool = ThreadPoolExecutor(max_workers=max(1, min(parallel, len(wanted))),
                                   thread_name_prefix="host")
