@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
-from typing import Annotated
+from collections.abc import Callable, Sequence
+from typing import Annotated, Any
 
 import typer
 
@@ -24,15 +24,17 @@ from auditor.cli import fleet, host, local
 from auditor.cli.options import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from auditor.text import printable
 
-app = typer.Typer(
-    name="audit",
-    help="Audit and tune GPU / LLM-inference Linux hosts.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
+#: Every command, by name: the one table both command lines below are built from.
+COMMANDS: dict[str, Callable[..., Any]] = {
+    "local": local.local_command,
+    "checks": local.checks_command,
+    "explain": local.explain_command,
+    "host": host.host_command,
+    "snapshot": fleet.snapshot_command,
+    "fingerprint": fleet.fingerprint_command,
+    "merge": fleet.merge_command,
+    "watch": fleet.watch_command,
+}
 
 
 def _print_version(value: bool) -> None:
@@ -41,7 +43,6 @@ def _print_version(value: bool) -> None:
         raise typer.Exit(EXIT_OK)
 
 
-@app.callback()
 def _root(
     version: Annotated[bool, typer.Option(
         "--version", is_eager=True, callback=_print_version,
@@ -49,22 +50,39 @@ def _root(
 ) -> None:
     """Audit and tune GPU / LLM-inference Linux hosts."""
 
-app.command("local")(local.local_command)
-app.command("checks")(local.checks_command)
-app.command("explain")(local.explain_command)
-app.command("host")(host.host_command)
-app.command("snapshot")(fleet.snapshot_command)
-app.command("fingerprint")(fleet.fingerprint_command)
-app.command("merge")(fleet.merge_command)
-app.command("watch")(fleet.watch_command)
+
+def build(only: str | None = None) -> typer.Typer:
+    """Return the ``audit`` command line: every command, or only the one named ``only``."""
+    built = typer.Typer(
+        name="audit",
+        help="Audit and tune GPU / LLM-inference Linux hosts.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        rich_markup_mode=None,
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
+    built.callback()(_root)
+    for name, function in COMMANDS.items():
+        if only is None or name == only:
+            built.command(name)(function)
+    return built
+
+
+#: The whole command line (``audit -h`` lists every command).
+app = build()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``audit`` command; return its exit code."""
     args = list(argv) if argv is not None else sys.argv[1:]
+    # typer builds every command's options from its signature on each start (~3 ms a
+    # command): a command named first is run from a command line holding only it (its
+    # help, options and errors are the same); anything else gets the whole one.
+    chosen = build(args[0]) if args and args[0] in COMMANDS else app
     try:
         # Not standalone: a bad command line comes back as an exception, said in one line.
-        code = app(args=args, prog_name="audit", standalone_mode=False)
+        code = chosen(args=args, prog_name="audit", standalone_mode=False)
     except NoArgsIsHelpError as exc:
         print(exc.format_message(), file=sys.stderr)
         return EXIT_USAGE

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from auditor.cli import main
+from auditor.cli import COMMANDS, app, main
 from tests.support.sysroot import CAPTURES, Sysroot
 
 
@@ -222,3 +222,25 @@ def test_an_internal_error_is_one_line_and_exit_4(
                    "(run with --debug for the traceback)\n")
     with pytest.raises(RuntimeError, match="renderer"):
         main(["local", "--root", str(CAPTURES["h200"]), "--debug"])
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_a_command_named_first_has_the_same_help_and_options_alone(
+        name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``audit NAME`` runs from a command line holding only NAME (typer builds each
+    command's options on every start): what it accepts and says is the same."""
+    assert main([name, "-h"]) == 0
+    alone = capsys.readouterr().out
+    with pytest.raises(SystemExit) as done:
+        app(args=[name, "-h"], prog_name="audit")
+    assert done.value.code == 0
+    assert alone == capsys.readouterr().out
+    assert alone.startswith(f"Usage: audit {name} ")
+
+
+def test_the_whole_command_line_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["-h"]) == 0
+    listed = capsys.readouterr().out.split("Commands:", 1)[1].split()
+    assert set(COMMANDS) <= set(listed)
+    assert main(["locl"]) == 2
+    assert "Did you mean 'local'?" in capsys.readouterr().err
