@@ -137,8 +137,8 @@ class DirectoryHost(Host):
     def read_bytes(self, path: str, limit: int = 1 << 20) -> bytes:
         """Read a regular file of the tree (``..`` and symlinks resolved inside it).
 
-        A directory read from a second time is kept open and its files are opened from it
-        (sysfs keeps a few files per directory: policyN, stateK): :meth:`Tree.read_file`.
+        The file is opened by its directory's path and its name, the last never followed
+        (:meth:`Tree.read_file`); a symlink there is resolved inside the tree.
         """
         # The tree resolves the directory's "//", "." and ".." inside it, as the kernel
         # does; a path whose last component is none of its own takes the slow way.
