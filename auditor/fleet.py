@@ -195,7 +195,7 @@ class FleetView:
             },
             "unreadable": [{"path": u.path, "reason": u.reason} for u in self.unreadable],
             "notes": list(self.notes),
-            "fingerprints": {fp: hosts for fp, hosts in self.groups},
+            "fingerprints": dict(self.groups),
             "grid": {
                 host: {check: cell.status for check, cell in row.items()}
                 for host, row in self.cells.items()

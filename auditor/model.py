@@ -147,7 +147,7 @@ class Finding:
             "expected": self.expected,
             "message": self.message,
             "fix": self.fix,
-            "evidence": {key: value for key, value in self.evidence},
+            "evidence": dict(self.evidence),
             "waived": self.waived,
         }
         if self.waived:

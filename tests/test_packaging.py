@@ -112,3 +112,18 @@ def test_ruff_keeps_the_remedy_model_out_of_a_check_modules_imports(
                              "--stdin-filename", str(ROOT / filename), "-"],
                             input=source, capture_output=True, text=True, check=False, cwd=ROOT)
     assert result.stdout.count("TID253") == count, result.stdout
+
+
+@pytest.mark.parametrize(("filename", "count"), [("auditor/runner.py", 1),
+                                                 ("checks/planted.py", 1),
+                                                 ("auditor/hosts/planted.py", 1),
+                                                 ("auditor/cli/planted.py", 0)])
+def test_ruff_keeps_prints_out_of_the_core_and_the_checks(filename: str, count: int) -> None:
+    """The core reports through return values and callbacks; only the CLI writes."""
+    source = "def report(line: str) -> None:\n    print(line)\n"
+    ruff = Path(sys.executable).with_name("ruff")
+    result = subprocess.run([str(ruff), "check", "--no-cache", "--config",
+                             str(ROOT / "pyproject.toml"), "--select", "T20",
+                             "--stdin-filename", str(ROOT / filename), "-"],
+                            input=source, capture_output=True, text=True, check=False, cwd=ROOT)
+    assert result.stdout.count("T201") == count, result.stdout

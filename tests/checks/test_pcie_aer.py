@@ -92,4 +92,4 @@ def test_the_prometheus_output_exports_each_counter_once(box: Path) -> None:
     assert any('kind="fatal.SDES"} 1' in line for line in port)
     assert any('kind="nonfatal.SDES"} 0' in line for line in port)
     assert any('kind="fatal.total"} 1' in line for line in port)
-    assert len(lines) == len(set(line.rpartition(" ")[0] for line in lines))
+    assert len(lines) == len({line.rpartition(" ")[0] for line in lines})
