@@ -99,6 +99,17 @@ def test_a_warm_start_reads_no_distribution_metadata() -> None:
     assert _imported_after(LOAD_CHECKS, modules) == []
 
 
+def _ruff_stdin(source: str, filename: str, select: str) -> str:
+    """Return ruff's report on ``source`` checked as if it were ``filename`` of the checkout
+    (the per-file rules of pyproject.toml apply by that name)."""
+    ruff = Path(sys.executable).with_name("ruff")
+    result = subprocess.run([str(ruff), "check", "--no-cache", "--config",
+                             str(ROOT / "pyproject.toml"), "--select", select,
+                             "--stdin-filename", str(ROOT / filename), "-"],
+                            input=source, capture_output=True, text=True, check=False, cwd=ROOT)
+    return result.stdout
+
+
 @pytest.mark.parametrize(("filename", "count"), [("checks/planted.py", 1),
                                                  ("auditor/planted.py", 0)])
 def test_ruff_keeps_the_remedy_model_out_of_a_check_modules_imports(
@@ -106,12 +117,8 @@ def test_ruff_keeps_the_remedy_model_out_of_a_check_modules_imports(
     source = ("from __future__ import annotations\n\n"
               "from auditor.remediations.steps import Remedy\n\n"
               "def fix() -> Remedy:\n    return Remedy('a.b', 's', 't')\n")
-    ruff = Path(sys.executable).with_name("ruff")
-    result = subprocess.run([str(ruff), "check", "--no-cache", "--config",
-                             str(ROOT / "pyproject.toml"), "--select", "TID253",
-                             "--stdin-filename", str(ROOT / filename), "-"],
-                            input=source, capture_output=True, text=True, check=False, cwd=ROOT)
-    assert result.stdout.count("TID253") == count, result.stdout
+    report = _ruff_stdin(source, filename, "TID253")
+    assert report.count("TID253") == count, report
 
 
 @pytest.mark.parametrize(("filename", "count"), [("auditor/runner.py", 1),
@@ -121,9 +128,5 @@ def test_ruff_keeps_the_remedy_model_out_of_a_check_modules_imports(
 def test_ruff_keeps_prints_out_of_the_core_and_the_checks(filename: str, count: int) -> None:
     """The core reports through return values and callbacks; only the CLI writes."""
     source = "def report(line: str) -> None:\n    print(line)\n"
-    ruff = Path(sys.executable).with_name("ruff")
-    result = subprocess.run([str(ruff), "check", "--no-cache", "--config",
-                             str(ROOT / "pyproject.toml"), "--select", "T20",
-                             "--stdin-filename", str(ROOT / filename), "-"],
-                            input=source, capture_output=True, text=True, check=False, cwd=ROOT)
-    assert result.stdout.count("T201") == count, result.stdout
+    report = _ruff_stdin(source, filename, "T20")
+    assert report.count("T201") == count, report
