@@ -22,6 +22,7 @@ from auditor.check import CheckClass
 from auditor.environment import environment
 from auditor.errors import AuditorError, UsageError
 from auditor.hosts.base import Host
+from auditor.manifest import Manifest, read_manifest
 from auditor.model import CheckResult, Finding, Report, Status
 from auditor.policy import Policy
 
@@ -41,17 +42,27 @@ def _error(check: CheckClass, message: str) -> Finding:
     )
 
 
-def run_check(host: Host, check: CheckClass, policy: Policy, debug: bool = False) -> CheckResult:
-    """Run one check agent against a host; an exception becomes one ``error`` finding."""
+def run_check(host: Host, check: CheckClass, policy: Policy, debug: bool = False,
+              manifest: Manifest | None = None) -> CheckResult:
+    """Run one check agent against a host; an exception becomes one ``error`` finding.
+
+    With the ``manifest`` of a capture, a check whose reads the capture did not collect is
+    not run: it is one ``skip`` that says so (what was never collected is not absent).
+    """
     started = time.perf_counter()
-    try:
-        findings = list(check(policy.options_for(check)).evaluate(host))
-        if not findings:
-            findings = [_error(check, "the check returned no findings")]
-    except Exception as exc:
-        if debug:
-            raise
-        findings = [_error(check, f"check raised {type(exc).__name__}: {exc}")]
+    lacking = manifest.missing(check) if manifest is not None else []
+    if manifest is not None and lacking:
+        findings = [Finding(check=check.id, status=Status.SKIP, severity=check.severity,
+                            subject="capture", message=manifest.skip_reason(lacking))]
+    else:
+        try:
+            findings = list(check(policy.options_for(check)).evaluate(host))
+            if not findings:
+                findings = [_error(check, "the check returned no findings")]
+        except Exception as exc:
+            if debug:
+                raise
+            findings = [_error(check, f"check raised {type(exc).__name__}: {exc}")]
     today = dt.date.today()
     stamped = tuple(
         policy.apply_waivers(replace(f, host=host.name, check=check.id), today)
@@ -102,8 +113,8 @@ def app_machine_id(machine_id: str) -> str:
     return digest.hex()
 
 
-def host_facts(host: Host) -> tuple[tuple[str, str], ...]:
-    """Return a few facts that identify the host in a report."""
+def host_facts(host: Host, manifest: Manifest | None = None) -> tuple[tuple[str, str], ...]:
+    """Return a few facts that identify the host in a report (and the capture replayed)."""
     facts: list[tuple[str, str]] = []
     kernel = host.read_optional("/proc/sys/kernel/osrelease")
     if kernel:
@@ -116,6 +127,8 @@ def host_facts(host: Host) -> tuple[tuple[str, str], ...]:
     if machine_id:
         facts.append(("machine_id", app_machine_id(machine_id)))
     facts.append(("environment", environment(host).describe()))
+    if manifest is not None:
+        facts.append(("capture", manifest.describe()))
     return tuple(facts)
 
 
@@ -144,6 +157,10 @@ def audit(
 
     ``deadline`` (``time.monotonic()``): a check still running then becomes an ``error``
     finding (its thread is left to finish on its own).
+
+    A capture that carries a manifest (:mod:`auditor.manifest`) is judged on what it
+    collected: a check whose reads it did not cover is a skip "not collected in this
+    capture"; a bad manifest is refused (SnapshotError) before any check runs.
     """
     from auditor import __version__
 
@@ -151,12 +168,13 @@ def audit(
     started = time.perf_counter()
     default = PARALLEL_AGENTS if host.blocking_reads else 1
     pool_size = max(1, min(len(checks), workers or default))
+    manifest = read_manifest(host)
     if pool_size == 1 and deadline is None:
-        results = tuple(run_check(host, check, policy, debug) for check in checks)
-        facts = host_facts(host)
+        results = tuple(run_check(host, check, policy, debug, manifest) for check in checks)
+        facts = host_facts(host, manifest)
     else:
         results, facts = _audit_on_agents(host, checks, policy, debug, pool_size, deadline,
-                                          started)
+                                          started, manifest)
     return Report(
         host=host.name,
         target=host.target,
@@ -172,7 +190,7 @@ def audit(
 
 def _audit_on_agents(
     host: Host, checks: Sequence[CheckClass], policy: Policy, debug: bool, agents: int,
-    deadline: float | None, started: float,
+    deadline: float | None, started: float, manifest: Manifest | None = None,
 ) -> tuple[tuple[CheckResult, ...], tuple[tuple[str, str], ...]]:
     """Run the checks on a pool of ``agents`` threads; see :func:`audit`."""
     from concurrent.futures import ThreadPoolExecutor
@@ -180,8 +198,9 @@ def _audit_on_agents(
 
     pool = ThreadPoolExecutor(max_workers=agents, thread_name_prefix="check")
     try:
-        futures = [pool.submit(run_check, host, check, policy, debug) for check in checks]
-        facts = host_facts(host)
+        futures = [pool.submit(run_check, host, check, policy, debug, manifest)
+                   for check in checks]
+        facts = host_facts(host, manifest)
         done: list[CheckResult] = []
         for check, future in zip(checks, futures, strict=True):
             left = None if deadline is None else max(0.0, deadline - time.monotonic())

@@ -3,7 +3,9 @@
 The capture is made by the collector (:mod:`auditor.hosts.collect`) from the selected
 checks' ``reads`` patterns, so ``audit local --root capture.tar.gz`` replays the
 audit as it ran on the host. Device entries keep their major and minor; the
-collector never takes a secret (process environments, memory, keys).
+collector never takes a secret (process environments, memory, keys). Each capture
+carries its manifest (:mod:`auditor.manifest`), so a replay knows what was never
+collected from what the host lacks.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import sys
 import tarfile
 import tempfile
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -87,16 +89,20 @@ class Rebuilt:
     devices: int
 
 
-def rebuild(source: Host, patterns: Sequence[str], daemons: frozenset[str]) -> Rebuilt:
+def rebuild(source: Host, patterns: Sequence[str], daemons: frozenset[str],
+            tool_files: Mapping[str, bytes] | None = None) -> Rebuilt:
     """Return a gzip tar sysroot of what ``patterns`` reach in ``source``, and nothing else.
 
     The tar is written anew from what was parsed, never copied: names normalised, only
     directories, regular files (at most FILE_CAP bytes), symlinks, and character or block
     devices under /dev; nothing the collector never collects (keys, process memory); the
     machine-id left out; of the process list, only the processes named in ``daemons``.
+    ``tool_files`` (path: bytes) are host-auditor's own files, written into its folder
+    (``/host-auditor``: the manifest); nothing of the host's is ever kept there.
     """
     from auditor.hosts.collect import FILE_CAP
     from auditor.hosts.collector_script import denied
+    from auditor.manifest import FOLDER
 
     kept: dict[str, Entry] = {}
     # Processes: a /proc/PID entry only where PID is a daemon a check looks for.
@@ -111,8 +117,12 @@ def rebuild(source: Host, patterns: Sequence[str], daemons: frozenset[str]) -> R
         placing.add(self_link.target)
     placing -= processes
 
+    def never_kept(path: str) -> bool:
+        return denied(path) or path in NEVER_KEPT or path == FOLDER \
+            or path.startswith(FOLDER + "/")
+
     def allowed(path: str, entry: Entry) -> bool:
-        if denied(path) or path in NEVER_KEPT:
+        if never_kept(path):
             return False
         pid = _PROCESS.match(path)
         if pid is not None and pid.group(1) in placing:
@@ -137,7 +147,7 @@ def rebuild(source: Host, patterns: Sequence[str], daemons: frozenset[str]) -> R
                 continue
             candidate = resolved + "/" + part
             entry = source.lstat(candidate)
-            if (entry is None and (denied(candidate) or candidate in NEVER_KEPT)) or (
+            if (entry is None and never_kept(candidate)) or (
                     entry is not None and not allowed(candidate, entry)):
                 for link in links:  # a symlink that leads to what is never kept goes too
                     kept.pop(link, None)
@@ -168,6 +178,15 @@ def rebuild(source: Host, patterns: Sequence[str], daemons: frozenset[str]) -> R
     for pattern in patterns:
         for path in source.glob(pattern):
             add_path(path)
+    own = dict(tool_files or {})
+    for path in own:
+        if not path.startswith(FOLDER + "/"):
+            raise ValueError(f"{path}: host-auditor's files go in {FOLDER}")
+        parent = path.rpartition("/")[0]
+        while parent and parent not in kept:
+            kept[parent] = Entry("dir")
+            parent = parent.rpartition("/")[0]
+        kept[path] = Entry("file")
     buffer = io.BytesIO()
     devices = 0
     with gzip.GzipFile(fileobj=buffer, mode="wb", compresslevel=6, mtime=0) as packed, \
@@ -184,6 +203,9 @@ def rebuild(source: Host, patterns: Sequence[str], daemons: frozenset[str]) -> R
                 info.type = tarfile.CHRTYPE if entry.kind == "chr" else tarfile.BLKTYPE
                 info.mode, info.devmajor, info.devminor = 0o600, entry.major, entry.minor
                 devices += 1
+            elif path in own:
+                data = own[path]
+                info.mode, info.size = 0o644, len(data)
             else:
                 try:
                     data = source.read_bytes(path, FILE_CAP)
@@ -199,6 +221,13 @@ def daemons_of(checks: Sequence[CheckClass]) -> frozenset[str]:
     return frozenset().union(*(c.daemons for c in checks))
 
 
+def manifest_files(checks: Sequence[CheckClass], patterns: Sequence[str]) -> dict[str, bytes]:
+    """Return the capture's manifest (what it collects, for which checks, when) as a file."""
+    from auditor.manifest import PATH, make_manifest
+
+    return {PATH: make_manifest(checks, patterns, daemons_of(checks)).to_json()}
+
+
 def capture_local(checks: Sequence[CheckClass]) -> Rebuilt:
     """Return a snapshot of every path the checks read on this machine."""
     from auditor.hosts.archive import ArchiveHost
@@ -207,7 +236,7 @@ def capture_local(checks: Sequence[CheckClass]) -> Rebuilt:
 
     patterns = collected_paths(checks)
     collected = ArchiveHost(collect_tar(patterns), "local")
-    return rebuild(collected, patterns, daemons_of(checks))
+    return rebuild(collected, patterns, daemons_of(checks), manifest_files(checks, patterns))
 
 
 def capture_remote(target: str, checks: Sequence[CheckClass],
@@ -226,7 +255,8 @@ def capture_remote(target: str, checks: Sequence[CheckClass],
         host.collect(patterns)
     finally:
         host.close()
-    return rebuild(host, patterns, daemons_of(checks)), host.privilege_note
+    return (rebuild(host, patterns, daemons_of(checks), manifest_files(checks, patterns)),
+            host.privilege_note)
 
 
 def snapshot(target: str, checks: Sequence[CheckClass],

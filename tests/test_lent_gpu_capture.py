@@ -42,17 +42,26 @@ def host() -> ArchiveHost:
     return ArchiveHost.from_path(str(CAPTURE))
 
 
-def _verdicts(report: dict[str, Any]) -> list[tuple[str, str, str]]:
-    return [(f["check"], f["subject"], f["status"]) for f in report["findings"]]
+def _verdicts(report: dict[str, Any], checks: set[str]) -> list[tuple[str, str, str]]:
+    return [(f["check"], f["subject"], f["status"]) for f in report["findings"]
+            if f["check"] in checks]
 
 
 def test_the_replay_reaches_the_verdicts_of_the_live_audit() -> None:
+    """Compared on what the capture covers: the checks the live audit ran.
+
+    The capture predates capture manifests, so a check added since is judged on it as on
+    any tree (what it lacks is absent) and is left out here: adding a check never needs
+    the GPU machine again to re-record this fixture.
+    """
     proc = subprocess.run([AUDIT, "local", "--root", str(CAPTURE), "--format", "json"],
                           capture_output=True, text=True, check=False, timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode in (0, 1), proc.stderr
     replay = json.loads(proc.stdout)
     live = json.loads(LIVE.read_text())
-    assert _verdicts(replay) == _verdicts(live)
+    covered = {c["check"] for c in live["checks"]}
+    assert len(covered) == 20
+    assert _verdicts(replay, covered) == _verdicts(live, covered)
     assert replay["facts"] == live["facts"]
     assert live["facts"]["environment"] == "VM (kvm)"
 
