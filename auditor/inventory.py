@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from auditor.errors import UsageError
-from auditor.hosts.ssh import SshTarget, parse_target
+from auditor.hosts.ssh import SshTarget, check_names, parse_target
+from auditor.text import printable
 
 _RANGE = re.compile(r"\[(\d+):(\d+)(?::(\d+))?\]|\[([a-z]):([a-z])\]")
 _GROUP = re.compile(r"^\[([^\]:]+)(?::(vars|children))?\]$")
@@ -82,12 +83,15 @@ def expand_range(name: str, label: str = "inventory") -> list[str]:
 
 def _target(name: str, variables: Mapping[str, str], label: str) -> SshTarget:
     address = variables.get("ansible_host") or variables.get("ansible_ssh_host")
+    port_text = variables.get("ansible_port") or variables.get("ansible_ssh_port")
+    # Host and user names are held to OpenSSH's rules here, before any ssh config is read
+    # (its Match exec runs them in a shell): one line naming the inventory, exit 2.
     try:
         base = parse_target(address if address else name)
+        user = variables.get("ansible_user") or variables.get("ansible_ssh_user") or base.user
+        check_names(base.host, user, name)
     except UsageError as exc:
-        raise UsageError(f"{label}: host {name!r}: {exc}") from exc
-    port_text = variables.get("ansible_port") or variables.get("ansible_ssh_port")
-    user = variables.get("ansible_user") or variables.get("ansible_ssh_user") or base.user
+        raise UsageError(f"{label}: host {printable(name)!r}: {exc}") from exc
     port = base.port
     if port_text:
         if not str(port_text).isdigit() or not 0 < int(port_text) < 65536:

@@ -65,6 +65,13 @@ _TARGET = re.compile(
     r"^(?:(?P<user>[^@\s/]+)@)?(?:\[(?P<v6>[0-9A-Fa-f:.%a-z]+)\]|(?P<host>[^:@\s/\[\]]+))"
     r"(?::(?P<port>\d{1,5}))?$"
 )
+#: What OpenSSH refuses in a host or user name given to it, before it reads any ssh config
+#: (misc.c ``valid_hostname`` and ``valid_ruser``, since 9.6: CVE-2023-51385): the name is
+#: expanded into ``%h`` / ``%r`` of ``Match exec`` and ``ProxyCommand``, which a shell runs.
+#: paramiko evaluates ``Match exec`` the same way (through invoke, in a shell), so a name
+#: from an inventory such as ``gpu01$(cmd)`` would run ``cmd`` here.
+_HOST_UNSAFE = frozenset("'`\"$\\;&<>|(){},")
+_USER_UNSAFE = frozenset("'`\";&<>|(){}")
 _known_hosts_lock = threading.Lock()
 # paramiko logs transport failures itself; with no handler they would reach stderr
 # through logging's last resort, beside the one line the CLI prints per host.
@@ -87,21 +94,84 @@ class SshTarget:
         return self.label or self.host
 
 
+def host_name_problem(name: str) -> str:
+    """Return why OpenSSH would refuse ``name`` as a host name, or "" where it would not.
+
+    As ``valid_hostname`` (OpenSSH misc.c): no leading ``-`` (an option to a command it
+    reaches), no shell metacharacter, whitespace or control character; here also no other
+    character that is not printable (bidi overrides, zero-width and other format characters).
+    """
+    if not name:
+        return "it is empty"
+    if name.startswith("-"):
+        return "it starts with '-'"
+    for char in name:
+        if char in _HOST_UNSAFE:
+            return f"it holds {char!r}"
+        if char.isspace() or not char.isprintable():
+            return f"it holds the character U+{ord(char):04X}"
+    return ""
+
+
+def user_name_problem(user: str) -> str:
+    """Return why OpenSSH would refuse ``user`` as a remote user name, or "" where it would not.
+
+    As ``valid_ruser`` (OpenSSH misc.c): no leading ``-``, no shell metacharacter or control
+    character, no ``-`` after whitespace, no ``\\`` at the end; here also no whitespace or
+    other character that is not printable.
+    """
+    if not user:
+        return "it is empty"
+    if user.startswith("-"):
+        return "it starts with '-'"
+    if user.endswith("\\"):
+        return "it ends with '\\'"
+    for char in user:
+        if char in _USER_UNSAFE:
+            return f"it holds {char!r}"
+        if char.isspace() or not char.isprintable():
+            return f"it holds the character U+{ord(char):04X}"
+    return ""
+
+
+def check_names(host: str, user: str | None, label: str) -> None:
+    """Raise a usage error where OpenSSH would refuse the host or user name (CVE-2023-51385).
+
+    Called before any ssh config is evaluated: its ``Match exec`` would run the name in a
+    shell.
+    """
+    problem = host_name_problem(host)
+    if problem:
+        raise UsageError(f"{printable(label)!r}: refused as a host name ({problem}; OpenSSH "
+                         "refuses such names too)")
+    if user is not None:
+        problem = user_name_problem(user)
+        if problem:
+            raise UsageError(f"{printable(label)!r}: refused as a user name ({problem}; "
+                             "OpenSSH refuses such names too)")
+
+
 def parse_target(text: str) -> SshTarget:
-    """Parse ``[user@]host[:port]`` (``[v6addr]:port`` for IPv6), or raise a usage error."""
+    """Parse ``[user@]host[:port]`` (``[v6addr]:port`` for IPv6), or raise a usage error.
+
+    The host and user names are held to OpenSSH's rules (:func:`check_names`).
+    """
     spec = text.strip()
     if spec.startswith("ssh://"):
         spec = spec[len("ssh://"):].rstrip("/")
     match = _TARGET.match(spec)
     if match is None:
         if spec.count(":") >= 2 and "@" not in spec and "[" not in spec:
+            check_names(spec, None, text.strip())
             return SshTarget(host=spec, label=text.strip())  # a bare IPv6 address
-        raise UsageError(f"{text!r} is not a host: expected [user@]host[:port]")
+        check_names(spec.rpartition("@")[2], spec.rpartition("@")[0] or None, text.strip())
+        raise UsageError(f"{printable(text)!r} is not a host: expected [user@]host[:port]")
     port = int(match["port"]) if match["port"] else None
     if port is not None and not 0 < port < 65536:
-        raise UsageError(f"{text!r}: port {port} is out of range")
-    return SshTarget(host=match["v6"] or match["host"], user=match["user"], port=port,
-                     label=text.strip())
+        raise UsageError(f"{printable(text)!r}: port {port} is out of range")
+    host = match["v6"] or match["host"]
+    check_names(host, match["user"], text.strip())
+    return SshTarget(host=host, user=match["user"], port=port, label=text.strip())
 
 
 @dataclass(frozen=True)
@@ -122,6 +192,13 @@ class SshOptions:
     root: str | None = None
     compress: bool = False
     extra_connect_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.user is not None:
+            problem = user_name_problem(self.user)
+            if problem:
+                raise UsageError(f"--user {printable(self.user)!r}: refused as a user name "
+                                 f"({problem}; OpenSSH refuses such names too)")
 
 
 def _known_hosts_files(options: SshOptions, ssh_config: dict[str, Any]) -> list[str]:
@@ -396,6 +473,8 @@ class SshHost(Host):
         self.context = context or SshContext(self.options)
         self.user = target.user or self.options.user
         self.port = target.port or self.options.port
+        # However the target was made, no name OpenSSH refuses reaches the ssh config.
+        check_names(target.host, self.user, target.display)
         self.name = target.display
         #: The sysroot directory audited on the host, or None for the host itself.
         self.root = sysroot_path(self.options.root)
