@@ -96,13 +96,15 @@ def rebuild(source: Host, patterns: Sequence[str], daemons: frozenset[str],
     The tar is written anew from what was parsed, never copied: names normalised, only
     directories, regular files (at most FILE_CAP bytes), symlinks, and character or block
     devices under /dev; nothing the collector never collects (keys, process memory); the
-    machine-id left out; of the process list, only the processes named in ``daemons``.
+    machine-id left out; of the process list, only the processes named in ``daemons``;
+    the secrets of what is kept withheld (:mod:`auditor.redact`).
     ``tool_files`` (path: bytes) are host-auditor's own files, written into its folder
     (``/host-auditor``: the manifest); nothing of the host's is ever kept there.
     """
     from auditor.hosts.collect import FILE_CAP
     from auditor.hosts.collector_script import denied
     from auditor.manifest import FOLDER
+    from auditor.redact import redact
 
     kept: dict[str, Entry] = {}
     # Processes: a /proc/PID entry only where PID is a daemon a check looks for.
@@ -188,7 +190,7 @@ def rebuild(source: Host, patterns: Sequence[str], daemons: frozenset[str],
             parent = parent.rpartition("/")[0]
         kept[path] = Entry("file")
     buffer = io.BytesIO()
-    devices = 0
+    devices = withheld = 0
     with gzip.GzipFile(fileobj=buffer, mode="wb", compresslevel=6, mtime=0) as packed, \
             tarfile.open(fileobj=packed, mode="w", format=tarfile.PAX_FORMAT) as archive:
         for path in sorted(kept):
@@ -208,12 +210,15 @@ def rebuild(source: Host, patterns: Sequence[str], daemons: frozenset[str],
                 info.mode, info.size = 0o644, len(data)
             else:
                 try:
-                    data = source.read_bytes(path, FILE_CAP)
+                    data = redact(path, source.read_bytes(path, FILE_CAP))
                 except OSError:
+                    continue
+                if data is None:  # a file that holds nothing a check reads but secrets
+                    withheld += 1
                     continue
                 info.mode, info.size = 0o644, len(data)
             archive.addfile(info, io.BytesIO(data) if data is not None else None)
-    return Rebuilt(buffer.getvalue(), len(kept), devices)
+    return Rebuilt(buffer.getvalue(), len(kept) - withheld, devices)
 
 
 def daemons_of(checks: Sequence[CheckClass]) -> frozenset[str]:
