@@ -168,3 +168,71 @@ _SAFE_WORD = LazyPattern(r"[A-Za-z0-9][A-Za-z0-9_.:+-]*")
 def safe_word(text: str) -> bool:
     """Return whether ``text`` is a plain word (a version, a codename, a device id)."""
     return bool(_SAFE_WORD.fullmatch(text))
+
+
+# -- sysfs selector files ---------------------------------------------------------------------
+#
+# A kernel attribute that offers a choice shows every word and brackets the one in force:
+# ``always [madvise] never`` (transparent_hugepage/enabled), ``[default] performance powersave
+# powersupersave `` (pcie_aspm's policy, a blank before the newline), ``[mq-deadline] none``.
+# Writing one word selects it; writing the whole line back is EINVAL. So a fix compares and
+# saves the selected word and writes a word, as tuned's get/set pairs do
+# (tuned/plugins/plugin_vm.py: ``get_active_option`` reads the bracketed word).
+#
+# These two functions are also the sysroot fix program's (auditor.render.sysroot_program
+# sends their source with it): standard library only, and Python 3.6 syntax, annotations
+# unevaluated there. The bash fix scripts mirror them (templates/fix_lib.sh.j2), pinned by
+# tests/auditor/test_selector.py against this code.
+
+
+# Quoted: Python 3.6 would evaluate it, and the sysroot fix program runs there.
+def parse_selector(text: str) -> "tuple[tuple[str, ...], str] | None":  # noqa: UP037
+    """Parse a selector line (``always [madvise] never``): its words and the selected one.
+
+    Return None for anything else: more than one line, more than 4096 characters or 64
+    words, no bracketed word or two, a word outside ``[A-Za-z0-9_.+-]{1,64}``. Words part at
+    blanks and tabs; one trailing newline is allowed.
+    """
+    if text.endswith("\n"):
+        text = text[:-1]
+    if len(text) > 4096 or "\n" in text:
+        return None
+    allowed = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.+-")
+    words = [w for w in text.replace("\t", " ").split(" ") if w]
+    if not 1 <= len(words) <= 64:
+        return None
+    names: list[str] = []
+    selected = ""
+    for word in words:
+        name = word
+        if len(word) > 2 and word.startswith("[") and word.endswith("]"):
+            if selected:
+                return None
+            name = selected = word[1:-1]
+        if not 1 <= len(name) <= 64 or not set(name) <= allowed:
+            return None
+        names.append(name)
+    if not selected:
+        return None
+    return tuple(names), selected
+
+
+def select_word(text: str, word: str) -> str:
+    """Return a selector line with the brackets moved onto ``word``, its spacing kept.
+
+    That is how the kernel shows the line once it took the word; a copy of the file (a
+    sysroot's, a test's) is given that line, so its rollback is byte for byte.
+    """
+    out: list[str] = []
+    token = ""
+    for char in text + " ":
+        if char in " \t\n":
+            if token:
+                if len(token) > 2 and token.startswith("[") and token.endswith("]"):
+                    token = token[1:-1]
+                out.append("[" + token + "]" if token == word else token)
+                token = ""
+            out.append(char)
+        else:
+            token += char
+    return "".join(out)[:-1]

@@ -381,6 +381,24 @@ def heredoc_end(name: str, text: str) -> str:
     raise ValueError("no here-document delimiter fits")  # pragma: no cover
 
 
+def sysroot_program() -> str:
+    """Return the sysroot fix program: treeio, the selector parse, then sysroot_fix.
+
+    One program, standard library only, for the host's own ``python3``; the selector parse
+    is :mod:`auditor.parsing`'s own source, so the fix of a sysroot parses as the audit does.
+    """
+    import inspect
+
+    from auditor import parsing
+    from auditor.hosts import sysroot_fix, treeio
+    from auditor.hosts.collect import module_sources
+
+    shared = "\n\n".join(inspect.getsource(f) for f in (parsing.parse_selector,
+                                                        parsing.select_word))
+    return "\n\n".join((module_sources(treeio).decode("utf-8"), shared,
+                         module_sources(sysroot_fix).decode("utf-8")))
+
+
 def render_fix(plan: FixPlan) -> RenderedFix:
     """Render the bash scripts that apply the plan and undo it.
 
@@ -396,10 +414,7 @@ def render_fix(plan: FixPlan) -> RenderedFix:
         script = env.get_template("fix.sh.j2").render(
             plan=plan, rollback_text=rollback, rollback_end=heredoc_end("ROLLBACK", rollback))
         return RenderedFix(script, rollback)
-    from auditor.hosts import sysroot_fix, treeio
-    from auditor.hosts.collect import module_sources
-
-    program = module_sources(treeio, sysroot_fix).decode("utf-8")
+    program = sysroot_program()
     plan_json = json.dumps(plan.document(), ensure_ascii=True, sort_keys=True,
                            separators=(",", ":"))
     common: dict[str, Any] = {

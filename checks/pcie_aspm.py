@@ -25,6 +25,7 @@ from auditor.checks.lib import pci
 from auditor.checks.lib.gpupath import CMDLINE, cmdline_tokens, params, short_list
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity
+from auditor.parsing import parse_selector
 
 if TYPE_CHECKING:
     from auditor.remediations.steps import FixContext, Remedy, Step
@@ -41,13 +42,9 @@ _POWERSAVING = ("powersave", "powersupersave")
 
 
 def read_policy(host: Host) -> str:
-    """Return the active ASPM policy (the bracketed word), or ""."""
-    text = pci.read_file(host, POLICY, 256) or ""
-    for word in text.split()[:8]:
-        if word.startswith("[") and word.endswith("]"):
-            name = word[1:-1]
-            return name if name.isalpha() else ""
-    return ""
+    """Return the active ASPM policy (the selected word of the selector file), or ""."""
+    selector = parse_selector(pci.read_file(host, POLICY, 256) or "")
+    return selector[1] if selector is not None and selector[1].isalpha() else ""
 
 
 def _links(device: pci.PciDevice) -> list[tuple[str, str]]:

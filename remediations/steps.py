@@ -32,6 +32,22 @@ class SetValue:
     sysctl: str = ""
 
 
+@dataclass(frozen=True)
+class SetSelector:
+    """Select ``value`` in a selector file (``always [madvise] never``); the word selected
+    before is recorded first, and the rollback selects it again.
+
+    A kernel attribute that offers a choice shows every word and brackets the one in force;
+    it takes one word, and answers the whole line written back with EINVAL. The step
+    compares the selected word (:func:`auditor.parsing.parse_selector`), refuses a word
+    the file does not offer, writes the word and reads the selection back.
+    """
+
+    kind: ClassVar[str] = "set_selector"
+    path: str
+    value: str
+
+
 #: Fields of the PCIe Device Control register (PCI Express capability + 0x08) that hold a
 #: size as 128 << value, by (register, mask): the name a log line gives them, and their
 #: shift (PCI Express Base Specification, Device Control Register: Max_Payload_Size is
@@ -124,14 +140,16 @@ class RunCommand:
     optional: bool = False
 
 
-Step = (SetValue | SetPciBits | WriteFile | ReplaceLine | InsertLine | AppendLine | MakeSymlink
-        | RunCommand)
+Step = (SetValue | SetSelector | SetPciBits | WriteFile | ReplaceLine | InsertLine | AppendLine
+        | MakeSymlink | RunCommand)
 
 
 def describe(step: Step) -> str:
     """Return one line saying what a step makes true (paths and values as they are)."""
     if isinstance(step, SetValue):
         return f"{step.path} = {step.value}" + (f" (sysctl {step.sysctl})" if step.sysctl else "")
+    if isinstance(step, SetSelector):
+        return f"{step.path}: select {step.value}"
     if isinstance(step, SetPciBits):
         field = step.field
         if field is not None:

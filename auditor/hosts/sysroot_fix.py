@@ -42,9 +42,12 @@ import sys
 from typing import Any, Dict, List, Optional, Set, Tuple  # noqa: F401 - type comments
 
 try:
-    Tree  # sent to a remote host, this program follows treeio's source  # noqa: B018
+    # Sent to a remote host, this program follows treeio's source and the selector parse of
+    # auditor.parsing (auditor.render.sysroot_program).
+    Tree  # noqa: B018
 except NameError:
     from auditor.hosts.treeio import Tree, read_fd, write_fd
+    from auditor.parsing import parse_selector, select_word
 
 PLAN_FORMAT = 1
 STATE_ENV = "HOST_AUDITOR_STATE_DIR"
@@ -541,6 +544,51 @@ class Applier:
             raise StepFailed("%s reads %s after writing %s" % (show(path), show(now), show(want)))
         self.changed("%s: %s -> %s" % (show(path), show(cur), show(want)))
 
+    def read_text(self, path):
+        # type: (str) -> str
+        """Return a one-value file as text, less one trailing newline (as bash reads it)."""
+        return strip_newline(self.read(path)).decode("utf-8", "replace")
+
+    def select(self, path, text, want):
+        # type: (str, str, str) -> None
+        """Write a word to a selector file (which read ``text``) and read the selection back.
+
+        The kernel answers with the line it shows; a plain file (a sysroot's copy of sysfs)
+        took the word as written, and is given the line the kernel would show instead.
+        """
+        self.write_in_place(path, want.encode("utf-8") + b"\n")
+        now = self.read_text(path)
+        if now == want:
+            self.write_in_place(path, select_word(text, want).encode("utf-8") + b"\n")
+            now = self.read_text(path)
+        found = parse_selector(now + "\n")  # as the file reads: one newline allowed
+        if found is None or found[1] != want:
+            raise StepFailed("%s reads %s after selecting %s" % (show(path), show(now),
+                                                                 show(want)))
+
+    def set_selector(self, a):
+        # type: (Dict[str, Any]) -> None
+        path, want = a["path"], a["value"]
+        if self.tree.lstat(path) is None:
+            say("skip %s: not present" % show(path))
+            return
+        self.regular(path)
+        text = self.read_text(path)
+        found = parse_selector(text + "\n")  # as the file reads: one newline allowed
+        if found is None:
+            raise StepFailed("%s is not a selector file" % show(path))
+        words, was = found
+        if was == want:
+            say("ok: %s selects %s" % (show(path), show(want)))
+            return
+        if want not in words:
+            raise StepFailed("%s offers no %s (only %s)" % (show(path), show(want),
+                                                            show(" ".join(words))))
+        self.state.init(self.rollback_text)
+        self.state.save_once(a["id"] + ".old", was.encode("utf-8") + b"\n")
+        self.select(path, text, want)
+        self.changed("%s: %s -> %s" % (show(path), show(was), show(want)))
+
     def _pci(self, a):
         # type: (Dict[str, Any]) -> Optional[Tuple[str, int, int]]
         address = a["address"]
@@ -697,6 +745,18 @@ class Applier:
         self.write_in_place(a["path"], saved)
         say("restored %s to %s" % (show(a["path"]), show(strip_newline(saved))))
 
+    def restore_selector(self, a):
+        # type: (Dict[str, Any]) -> None
+        saved = self.state.read(a["id"] + ".old")
+        if saved is None:
+            return
+        word = strip_newline(saved).decode("utf-8", "replace")
+        if parse_selector("[%s]" % word) is None:
+            raise StepFailed("saved selection of %s is unreadable" % show(a["path"]))
+        self.regular(a["path"])
+        self.select(a["path"], self.read_text(a["path"]), word)
+        say("restored %s to %s" % (show(a["path"]), show(word)))
+
     def restore_pci_bits(self, a):
         # type: (Dict[str, Any]) -> None
         saved = self.state.read(a["id"] + ".old")
@@ -744,11 +804,13 @@ class Applier:
 
     # running ---------------------------------------------------------------------------
 
-    FIX = {"set_value": "set_value", "set_pci_bits": "set_pci_bits",
+    FIX = {"set_value": "set_value", "set_selector": "set_selector",
+           "set_pci_bits": "set_pci_bits",
            "write_file": "write_file", "replace_line": "replace_line",
            "insert_line": "insert_line", "append_line": "append_line",
            "make_symlink": "make_symlink"}
-    UNDO = {"set_value": "restore_value", "set_pci_bits": "restore_pci_bits",
+    UNDO = {"set_value": "restore_value", "set_selector": "restore_selector",
+            "set_pci_bits": "restore_pci_bits",
             "write_file": "restore_file", "replace_line": "restore_file",
             "insert_line": "restore_file", "append_line": "restore_file",
             "make_symlink": "remove_symlink"}

@@ -134,3 +134,21 @@ def assert_idempotent_and_reversible(fix: Path, rollback: Path, copy: Path, befo
     # A second rollback finds nothing left to do.
     assert run(rollback, copy).returncode == 0
     assert tree_hash(copy) == before
+
+
+def live_plan(plan: FixPlan, tree: Path) -> FixPlan:
+    """Return a sysroot's plan as the booted machine the tree holds would get it.
+
+    The same steps (the remediations do not depend on the target), no root, and the host
+    name the guard of a booted machine compares: the kernel's, else ``/etc/hostname``.
+    """
+    import dataclasses
+
+    def first_line(rel: str) -> str:
+        path = tree / rel
+        lines = path.read_text(errors="replace").strip().splitlines() if path.is_file() else []
+        return lines[0].strip() if lines else ""
+
+    hostname = (first_line("proc/sys/kernel/hostname") or first_line("etc/hostname")
+                or plan.host)
+    return dataclasses.replace(plan, root="", hostname=hostname)

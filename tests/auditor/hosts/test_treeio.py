@@ -173,14 +173,14 @@ def test_paths_are_bounded(layout: tuple[Path, Path], mode: bool | None) -> None
 
 
 def test_the_sysroot_fix_program_runs_on_python_3_6_with_the_standard_library() -> None:
-    """What a sysroot's scripts embed: treeio then sysroot_fix, one stdlib-only program."""
+    """What a sysroot's scripts embed: treeio, the selector parse and sysroot_fix, one
+    stdlib-only program."""
     import ast
     import sys
 
-    from auditor.hosts import sysroot_fix
-    from auditor.hosts.collect import module_sources
+    from auditor.render import sysroot_program
 
-    source = module_sources(treeio, sysroot_fix).decode()
+    source = sysroot_program()
     tree = ast.parse(source, feature_version=(3, 6))
     guarded = {id(n) for t in ast.walk(tree) if isinstance(t, ast.Try)
                for h in t.handlers for n in ast.walk(h)}
