@@ -97,10 +97,14 @@ def report_line(report: Report, *, prefix: str = "", limit: int = LINE_BYTES) ->
 
 
 def render_line(reports: Sequence[Report]) -> str:
-    """Render one line per host (at most 80 bytes each); several hosts are named."""
+    """Render one line per host (at most 80 bytes each); several hosts are named by the
+    name they were audited under (else their hostname), one machine once."""
     if len(reports) == 1:
         return report_line(reports[0]) + "\n"
-    return "".join(report_line(r, prefix=r.host) + "\n" for r in reports)
+    from auditor.fleet import one_per_machine
+
+    kept, _ = one_per_machine(reports)
+    return "".join(report_line(r, prefix=r.label) + "\n" for r in kept)
 
 
 # -- node-feature-discovery ------------------------------------------------------------------
@@ -160,9 +164,10 @@ def render_nfd(reports: Sequence[Report], *, now: dt.datetime | None = None) -> 
     namespace, ttl = nfd_namespace(), nfd_ttl()
     now = now or dt.datetime.now(dt.timezone.utc)
     expiry = (now + dt.timedelta(seconds=ttl)).astimezone(dt.timezone.utc)
+    machine = f" (machine id {report.machine_id})" if report.machine_id else ""
+    header = f"host-auditor labels for {report.identity}{machine}, audited {report.started}"
     lines = [
-        f"# {_ascii_line(f'host-auditor labels for {report.host}, audited {report.started}')}"[
-            :200],
+        f"# {_ascii_line(header)}"[:200],
         f"# +expiry-time={expiry:%Y-%m-%dT%H:%M:%SZ}",
         f"{namespace}/status={_node_status(report).value}",
     ]

@@ -222,12 +222,50 @@ def _finding_counts(reports: Iterable[Report]) -> dict[str, int]:
     return counts
 
 
+def one_per_machine(reports: Sequence[Report]) -> tuple[list[Report], list[str]]:
+    """Return one report per machine, and a line for each machine reached under two names.
+
+    A machine is known by its machine id (``facts.machine_id``), never by its hostname:
+    fresh nodes all called ``ubuntu`` stay apart, and two names (ssh aliases, an inventory
+    name and an address) that reach one machine are one machine, reported once under the
+    first name, the others kept in its ``aliases``. A report without a machine id (a host
+    that could not be audited, a sysroot without ``/etc/machine-id``) is its own machine.
+    """
+    kept: list[Report] = []
+    first: dict[str, int] = {}
+    others: dict[int, list[str]] = {}
+    for report in reports:
+        key = "" if report.error else report.machine_id
+        if key and key in first:
+            others.setdefault(first[key], []).append(report.label)
+            continue
+        if key:
+            first[key] = len(kept)
+        kept.append(report)
+    lines: list[str] = []
+    for index, names in others.items():
+        report = kept[index]
+        aliases = tuple(dict.fromkeys([*report.aliases, *names]))
+        kept[index] = replace(report, aliases=aliases)
+        lines.append(f"{', '.join([report.label, *aliases])} are one machine (hostname "
+                     f"{report.host}, machine id {report.machine_id[:12]}): reported once, "
+                     f"as {report.label}")
+    return kept, lines
+
+
+def row_names(reports: Sequence[Report]) -> list[str]:
+    """Return a distinct row name per report: the target, the hostname where it differs,
+    the other names of its machine (and the connection where all that still repeats)."""
+    names = [r.identity + (f" = {', '.join(r.aliases)}" if r.aliases else "") for r in reports]
+    counts = Counter(names)
+    return [f"{name} [{r.target}]" if counts[name] > 1 else name
+            for name, r in zip(names, reports, strict=True)]
+
+
 def view_of_reports(reports: Sequence[Report], golden: str | None = None) -> FleetView:
     """Lay out reports audited in this run (``audit host``) as ``audit merge`` lays out files."""
-    names = Counter(r.host for r in reports)
-    # Two targets can be one machine (two aliases): each keeps its own row.
-    unique = [replace(r, host=f"{r.host} ({r.target})") if names[r.host] > 1 else r
-              for r in reports]
+    kept, _ = one_per_machine(reports)
+    unique = [replace(r, host=name) for r, name in zip(kept, row_names(kept), strict=True)]
     return fleet_view(LoadedResults(reports=unique), golden)
 
 

@@ -254,6 +254,33 @@ class Report:
     version: str = ""
     #: Which thresholds made it: ``profile``, and the policy ``file`` and its ``sha256``.
     policy: tuple[tuple[str, str], ...] = ()
+    #: The target as the operator named it (an inventory name, ssh config alias or address
+    #: as written); empty for ``audit local``, where the machine names itself.
+    name: str = ""
+    #: The other names the same machine was reached under in the same run (one machine is
+    #: reported once: :func:`auditor.fleet.one_per_machine`).
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def machine_id(self) -> str:
+        """Return the machine's app-specific id (``facts.machine_id``), or "" if unknown."""
+        for key, value in self.facts:
+            if key == "machine_id":
+                return value
+        return ""
+
+    @property
+    def label(self) -> str:
+        """Return the name a fleet view lists the host by: the operator's, else its own."""
+        return self.name or self.host
+
+    @property
+    def identity(self) -> str:
+        """Return the target and, where it differs, the hostname it reported: ``gpu-07
+        (ubuntu)``."""
+        if self.name and self.name != self.host:
+            return f"{self.name} ({self.host})"
+        return self.label
 
     @property
     def findings(self) -> tuple[Finding, ...]:
@@ -294,6 +321,8 @@ class Report:
         data: dict[str, Any] = {
             "host": self.host,
             "target": self.target,
+            **({"name": self.name} if self.name else {}),
+            **({"aliases": list(self.aliases)} if self.aliases else {}),
             "started": self.started,
             "duration_s": round(self.duration_s, 4),
             "summary": self.summary(),
@@ -344,6 +373,8 @@ class Report:
                              for k, v in dict(data.get("timing") or {}).items()),
                 version=str(dict(data.get("tool") or {}).get("version", "")),
                 policy=tuple((str(k), str(v)) for k, v in dict(data.get("policy") or {}).items()),
+                name=str(data.get("name") or ""),
+                aliases=tuple(str(a) for a in data.get("aliases") or () if isinstance(a, str)),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"not an audit report ({type(exc).__name__}: {exc})") from exc

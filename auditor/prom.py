@@ -93,9 +93,47 @@ def _timestamp(started: str) -> float | None:
         return None
 
 
+def identity_labels(report: Report) -> list[tuple[str, str]]:
+    """Return the labels that name a machine in every series: ``host`` (its hostname),
+    ``target`` (the name the operator audited it under: ``audit host``) and ``machine_id``
+    (its app-specific machine id, where known).
+
+    A label with no value is left out: to Prometheus an empty label is an absent one
+    (node_exporter fills a label a series lacks with ""), so ``audit local``'s series
+    stay ``{host}`` plus the machine id.
+    """
+    pairs = [("host", report.host), ("target", report.name), ("machine_id", report.machine_id)]
+    return [(key, value) for key, value in pairs if key == "host" or value]
+
+
+def distinct_machines(reports: Sequence[Report]) -> tuple[list[Report], list[str]]:
+    """Return one report per machine whose identity labels no earlier report has, and a
+    comment for each report left out.
+
+    node_exporter rejects a whole scrape where a series repeats ("collected before with
+    the same name and label values"): two names of one machine are one machine, and a
+    report whose labels repeat an earlier one's (two results files of one host) is left
+    out, never written twice.
+    """
+    from auditor.fleet import one_per_machine
+
+    kept, notes = one_per_machine(reports)
+    seen: set[tuple[tuple[str, str], ...]] = set()
+    out: list[Report] = []
+    for report in kept:
+        key = tuple(identity_labels(report))
+        if key in seen:
+            notes.append(f"{report.identity}: left out, an earlier report has the same host, "
+                         "target and machine id")
+            continue
+        seen.add(key)
+        out.append(report)
+    return out, notes
+
+
 def _counter_lines(reports: Sequence[Report], family: CounterFamily) -> list[str]:
     lines: list[str] = []
-    seen: set[tuple[str, str, str]] = set()
+    seen: set[tuple[str, str, str, str]] = set()
     for report in reports:
         for finding in report.findings:
             if finding.check != family.check:
@@ -104,11 +142,11 @@ def _counter_lines(reports: Sequence[Report], family: CounterFamily) -> list[str
                 if not key.startswith(family.prefix) or not _COUNT.fullmatch(value.strip()):
                     continue
                 kind = key[len(family.prefix):]
-                series = (report.host, finding.subject, kind)
+                series = (report.label, report.machine_id, finding.subject, kind)
                 if not kind or series in seen:  # a series must be unique
                     continue
                 seen.add(series)
-                labels = _labels([("host", report.host), ("subject", finding.subject),
+                labels = _labels([*identity_labels(report), ("subject", finding.subject),
                                   (family.label, kind)])
                 lines.append(f"{family.metric}{labels} {int(value)}")
     return lines
@@ -116,7 +154,8 @@ def _counter_lines(reports: Sequence[Report], family: CounterFamily) -> list[str
 
 def render_prometheus(reports: Sequence[Report]) -> str:
     """Render reports as gauges (one per finding, one per check, counts, run facts) and the
-    counters checks keep."""
+    counters checks keep; one machine once, every series once."""
+    reports, notes = distinct_machines(reports)
     finding_lines: list[str] = []
     check_lines: list[str] = []
     count_lines: list[str] = []
@@ -125,7 +164,7 @@ def render_prometheus(reports: Sequence[Report]) -> str:
     duration_lines: list[str] = []
     info_lines: list[str] = []
     for report in reports:
-        host = report.host
+        who = identity_labels(report)
         # A series must be unique: a finding's key (check, subject, aspect) is, within a
         # report; a report read back from elsewhere may repeat one: keep the worse.
         worst: dict[tuple[str, str, str], Finding] = {}
@@ -135,28 +174,28 @@ def render_prometheus(reports: Sequence[Report]) -> str:
                     worst[key].status]:
                 worst[key] = finding
         for (check, subject, aspect), finding in worst.items():
-            labels = _labels([("host", host), ("check", check), ("subject", subject),
+            labels = _labels([*who, ("check", check), ("subject", subject),
                               ("aspect", aspect), ("status", finding.status.value),
                               ("severity", finding.severity.value),
                               ("waived", "true" if finding.waived else "false")])
             finding_lines.append(f"host_auditor_finding{labels} 1")
         for result in report.results:
-            labels = _labels([("host", host), ("check", result.check)])
+            labels = _labels([*who, ("check", result.check)])
             check_lines.append(f"host_auditor_check_status{labels} {STATUS_CODES[result.status]}")
         for status, count in report.summary().items():
-            labels = _labels([("host", host), ("status", status)])
+            labels = _labels([*who, ("status", status)])
             count_lines.append(f"host_auditor_findings{labels} {count}")
-        up_lines.append(f"host_auditor_up{_labels([('host', host)])} {0 if report.error else 1}")
+        up_lines.append(f"host_auditor_up{_labels(who)} {0 if report.error else 1}")
         stamp = _timestamp(report.started)
         if stamp is not None:
             time_lines.append(
-                f"host_auditor_last_run_timestamp_seconds{_labels([('host', host)])} {stamp:.0f}"
+                f"host_auditor_last_run_timestamp_seconds{_labels(who)} {stamp:.0f}"
             )
         duration_lines.append(
-            f"host_auditor_duration_seconds{_labels([('host', host)])} {report.duration_s:.4f}"
+            f"host_auditor_duration_seconds{_labels(who)} {report.duration_s:.4f}"
         )
         if not report.error:  # nothing read from an unreachable host: no tuned state
-            stamp_labels = _labels([("host", host), ("fingerprint", fingerprint(report))])
+            stamp_labels = _labels([*who, ("fingerprint", fingerprint(report))])
             info_lines.append(f"host_auditor_tuning_info{stamp_labels} 1")
     blocks = [
         ("host_auditor_finding", HELP["host_auditor_finding"], "gauge", finding_lines),
@@ -176,8 +215,11 @@ def render_prometheus(reports: Sequence[Report]) -> str:
         # Comments in the exposition format: who made the numbers, and with what privilege.
         # Each starts "# host-auditor": a host name can never make it a HELP or TYPE line.
         privilege = dict(report.facts).get("privilege")
-        out.append(f"# host-auditor {_comment(report.version or '-')}: {_comment(report.host)}"
+        out.append(f"# host-auditor {_comment(report.version or '-')}: "
+                   f"{_comment(report.identity)}"
+                   + (f" (also {_comment(', '.join(report.aliases))})" if report.aliases else "")
                    + (f": audited without root ({_comment(privilege)})" if privilege else ""))
+    out.extend(f"# host-auditor: {_comment(line)}" for line in notes)
     for name, help_text, kind, lines in blocks:
         if not lines:
             continue

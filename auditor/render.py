@@ -286,6 +286,7 @@ def _fleet_summary(reports: Sequence[Report]) -> dict[str, Any]:
     findings["waived"] = sum(r.waived for r in reports)
     return {
         "hosts": len(reports),
+        "targets": len(reports) + sum(len(r.aliases) for r in reports),
         "unreachable": sum(1 for r in reports if r.error),
         "findings": findings,
     }
@@ -305,7 +306,7 @@ def fleet_rows(reports: Sequence[Report]) -> tuple[list[str], list[dict[str, Any
         statuses = {r.check: r.status.value for r in report.results}
         rows.append({
             "host": report.host,
-            "target": report.target,
+            "target": ", ".join([report.label, *report.aliases]),
             "error": report.error,
             "cells": [statuses.get(check, "-") for check in checks],
             "status": report.status.value,

@@ -235,6 +235,7 @@ def _error_report(target: SshTarget, started: dt.datetime, elapsed: float, messa
     return Report(
         host=target.display,
         target=ssh_target,
+        name=target.display,
         started=started.isoformat(timespec="microseconds"),
         duration_s=elapsed,
         results=(),
@@ -259,7 +260,7 @@ def remote_report(host: SshHost, report: Report, started: dt.datetime, elapsed: 
         # Reports show why root-only reads (PCI config past 64 bytes) are missing.
         facts = (*facts, ("privilege", host.privilege_note))
     return replace(report, started=started.isoformat(timespec="microseconds"),
-                   duration_s=elapsed, facts=facts,
+                   duration_s=elapsed, facts=facts, name=host.spec.display,
                    timing=remote_timing(host, report.duration_s))
 
 

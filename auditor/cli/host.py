@@ -44,6 +44,7 @@ from auditor.cli.options import (
     handle_errors,
     note,
     prepare,
+    say,
     ssh_options,
 )
 from auditor.errors import UsageError
@@ -72,8 +73,7 @@ def _progress(total: int) -> tuple[Callable[[Report], None] | None, Callable[[],
             nonlocal done
             done += 1
             if not report.error:
-                print(f"audit: [{done}/{total}] {progress_line(report)}", file=sys.stderr,
-                      flush=True)
+                say(f"audit: [{done}/{total}] {progress_line(report)}")
 
         return line, lambda: None
     from rich.console import Console
@@ -87,13 +87,14 @@ def _progress(total: int) -> tuple[Callable[[Report], None] | None, Callable[[],
 
 
 def progress_line(report: Report) -> str:
-    """Return what one finished host's progress line says: name, status and times."""
+    """Return what one finished host's progress line says: the target, the hostname it
+    reported where that differs, the status and the times."""
     from auditor.render import one_line
 
     timing = dict(report.timing)
     phases = ", ".join(f"{name} {timing[name]:.2f} s" for name in ("connect", "collect")
                        if name in timing)
-    return (f"{one_line(report.host)}: {report.status.value} "
+    return (f"{one_line(report.identity)}: {report.status.value} "
             f"({report.duration_s:.2f} s{': ' + phases if phases else ''})")
 
 
@@ -198,10 +199,8 @@ def host_command(
         raise typer.Exit(_fix_remote(wanted[0], reach, checks, loaded, options, request))
     fleet = FleetAudit(wanted, reach, checks, loaded, parallel=parallel, debug=debug,
                        workers=workers,
-                       on_error=lambda line: print(f"audit: error: {printable(line)}",
-                                                   file=sys.stderr, flush=True),
-                       on_note=lambda line: print(f"audit: warning: {printable(line)}",
-                                                  file=sys.stderr, flush=True))
+                       on_error=lambda line: say(f"audit: error: {printable(line)}"),
+                       on_note=lambda line: say(f"audit: warning: {printable(line)}"))
     fleet.start()  # fork any workers before the progress bar starts its thread
     on_done, stop_progress = _progress(len(wanted))
     interrupted = False

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, NoReturn
@@ -46,15 +47,32 @@ def exit_code_of(error: BaseException) -> int:
     return EXIT_INTERNAL
 
 
+_stderr_lock = threading.Lock()
+
+
+def say(line: str) -> None:
+    """Write one whole line to stderr at once: lines of hosts audited in parallel (threads,
+    and worker processes sharing the descriptor) never run into each other."""
+    data = (line.rstrip("\n") + "\n").encode("utf-8", "backslashreplace")
+    with _stderr_lock:
+        try:
+            sys.stderr.flush()
+            os.write(sys.stderr.fileno(), data)
+        except (AttributeError, OSError, ValueError):
+            # Not a real descriptor (captured in tests, closed): the stream's own write.
+            sys.stderr.write(data.decode("utf-8"))
+            sys.stderr.flush()
+
+
 def fatal(message: str, code: int) -> NoReturn:
     """Print one line to stderr (made printable: it may quote a host) and exit with ``code``."""
-    print(f"audit: error: {printable(message)}", file=sys.stderr)
+    say(f"audit: error: {printable(message)}")
     raise typer.Exit(code)
 
 
 def note(message: str) -> None:
     """Print one line of information to stderr (made printable)."""
-    print(f"audit: {printable(message)}", file=sys.stderr)
+    say(f"audit: {printable(message)}")
 
 
 @contextlib.contextmanager
@@ -293,8 +311,20 @@ def exit_code(reports: Sequence[Report], fail_on: FailOn) -> int:
 
 
 def emit(reports: Sequence[Report], options: AuditOptions) -> int:
-    """Render and write the reports (several hosts: and the fleet table); return the exit code."""
+    """Render and write the reports (several hosts: and the fleet table); return the exit code.
+
+    Several hosts are reported one machine once (:func:`auditor.fleet.one_per_machine`);
+    the exit code counts every target.
+    """
     from auditor.render import render_fleet_table, render_reports
+
+    code = exit_code(reports, options.fail_on)
+    if len(reports) > 1:
+        from auditor.fleet import one_per_machine
+
+        reports, same = one_per_machine(reports)
+        for line in same:
+            note(f"note: {line}")
 
     colour = (
         options.fmt == "text"
@@ -308,10 +338,10 @@ def emit(reports: Sequence[Report], options: AuditOptions) -> int:
         from auditor.render import render_merge
 
         write_output(render_merge(view_of_reports(reports), "html"), options.output)
-        return exit_code(reports, options.fail_on)
+        return code
     with handle_errors(options.debug):
         text = render_reports(reports, options.fmt, fail_on=options.fail_on, colour=colour)
     if options.fmt == "text" and len(reports) > 1:
         text += "\n" + render_fleet_table(reports, colour=colour)
     write_output(text, options.output)
-    return exit_code(reports, options.fail_on)
+    return code

@@ -87,8 +87,9 @@ def ssh_env() -> Iterator[SshEnv]:
 
 @pytest.fixture(scope="module")
 def fleet(ssh_env: SshEnv) -> Iterator[list[Sshd]]:
-    """Three more sshd instances on loopback ports, with their keys in the lab's known_hosts."""
-    servers = [ssh_env.lab.start() for _ in range(3)]
+    """Three more sshd instances on loopback ports, with their keys in the lab's known_hosts:
+    three machines (``fleet-N``, each its own hostname and machine id), not this one again."""
+    servers = [ssh_env.lab.start(machine=(f"fleet-{n}", f"{n + 1:032x}")) for n in range(3)]
     ssh_env.lab.known_hosts(ssh_env.known_hosts, [ssh_env.server, *servers])
     yield servers
     for server in servers:

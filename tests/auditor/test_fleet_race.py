@@ -150,13 +150,17 @@ def test_a_fleet_of_44_aliases_is_audited_whole_every_time(
             assert "error:" not in err, err
             assert code in (0, 1), err
             assert document["summary"]["unreachable"] == 0
+            # Four machines, each reported once under its first alias, naming the others.
             hosts = document["hosts"]
-            assert len(hosts) == ALIASES
+            assert document["summary"]["targets"] == ALIASES and len(hosts) == 4
+            assert sorted(n for h in hosts for n in [h["name"], *h["aliases"]]) == names
             assert all("error" not in h and h["findings"] for h in hosts)
-            # stderr is not a terminal: one progress line per finished host, nothing else
+            # stderr is not a terminal: one progress line per finished host, and one line
+            # per machine reached under several names
             lines = err.splitlines()
-            assert len(lines) == ALIASES, err
-            assert all(line.startswith("audit: [") for line in lines), err
+            progress = [line for line in lines if line.startswith("audit: [")]
+            assert len(progress) == ALIASES, err
+            assert len(lines) == ALIASES + 4, err
     finally:
         sys.setswitchinterval(previous)
 

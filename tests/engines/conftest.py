@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.hostgen import HostSpec, build_host
-from tests.support.sshd import Sshd, SshLab
+from tests.support.sshd import Sshd, SshLab, free_port, wait_for_port
+
+NODE_EXPORTER = "/usr/bin/prometheus-node-exporter"
 
 #: The generated 8-GPU node with none of the six problems planted.
 CLEAN = HostSpec(bad_governor=False, deep_cstates=False, numa_balancing=False,
@@ -93,3 +98,51 @@ def ssh_target() -> Iterator[SshTarget]:
     finally:
         lab.close()
         shutil.rmtree(lab.root, ignore_errors=True)
+
+
+# -- Debian's node_exporter with only its textfile collector ------------------------------
+
+
+@dataclass
+class NodeExporter:
+    port: int
+    textfiles: Path
+    #: Its log (stdout and stderr): where a rejected series is said.
+    log: Path | None = None
+
+    def scrape(self) -> str:
+        url = f"http://127.0.0.1:{self.port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return str(response.read().decode())
+
+    def value(self, text: str, name: str, **labels: str) -> float | None:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and all(sample.labels.get(k) == v
+                                               for k, v in labels.items()):
+                    return float(sample.value)
+        return None
+
+
+@pytest.fixture
+def node_exporter(tmp_path: Path) -> Iterator[NodeExporter]:
+    """Start node_exporter with only its textfile collector, on a free loopback port."""
+    if not Path(NODE_EXPORTER).exists():
+        pytest.fail("prometheus-node-exporter is not installed (tests/run.sh installs it)")
+    textfiles = tmp_path / "textfile"
+    textfiles.mkdir()
+    textfiles.chmod(0o755)
+    port = free_port()
+    log = open(tmp_path / "node_exporter.log", "wb")
+    process = subprocess.Popen(
+        [NODE_EXPORTER, f"--web.listen-address=127.0.0.1:{port}",
+         "--collector.disable-defaults", "--collector.textfile",
+         f"--collector.textfile.directory={textfiles}"],
+        stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+    try:
+        wait_for_port("127.0.0.1", port)
+        yield NodeExporter(port, textfiles, tmp_path / "node_exporter.log")
+    finally:
+        process.terminate()
+        process.wait(10)
+        log.close()

@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import urllib.request
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -14,9 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from auditor import prom
 from auditor.cli import main
-from tests.support.sshd import free_port, wait_for_port
-
-NODE_EXPORTER = "/usr/bin/prometheus-node-exporter"
+from tests.engines.conftest import NodeExporter
 
 #: The HELP text node_exporter has seen from every version so far: a file written by an
 #: older version beside a newer one must agree, or the whole scrape fails.
@@ -31,49 +25,6 @@ PUBLISHED_HELP = {
     "host_auditor_duration_seconds": "How long the audit took.",
     "host_auditor_tuning_info": "Fingerprint of the host's tuned state (audit fingerprint).",
 }
-
-
-@dataclass
-class NodeExporter:
-    port: int
-    textfiles: Path
-
-    def scrape(self) -> str:
-        url = f"http://127.0.0.1:{self.port}/metrics"
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return str(response.read().decode())
-
-    def value(self, text: str, name: str, **labels: str) -> float | None:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == name and all(sample.labels.get(k) == v
-                                               for k, v in labels.items()):
-                    return float(sample.value)
-        return None
-
-
-@pytest.fixture
-def node_exporter(tmp_path: Path) -> Iterator[NodeExporter]:
-    """Start node_exporter with only its textfile collector, on a free loopback port."""
-    if not Path(NODE_EXPORTER).exists():
-        pytest.fail("prometheus-node-exporter is not installed (tests/run.sh installs it)")
-    textfiles = tmp_path / "textfile"
-    textfiles.mkdir()
-    textfiles.chmod(0o755)
-    port = free_port()
-    log = open(tmp_path / "node_exporter.log", "wb")
-    process = subprocess.Popen(
-        [NODE_EXPORTER, f"--web.listen-address=127.0.0.1:{port}",
-         "--collector.disable-defaults", "--collector.textfile",
-         f"--collector.textfile.directory={textfiles}"],
-        stdout=log, stderr=log, stdin=subprocess.DEVNULL)
-    try:
-        wait_for_port("127.0.0.1", port)
-        yield NodeExporter(port, textfiles)
-    finally:
-        process.terminate()
-        process.wait(10)
-        log.close()
 
 
 def audit(*args: str) -> int:

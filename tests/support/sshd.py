@@ -79,6 +79,24 @@ class Sshd:
                 self.process.wait(5)
 
 
+def machine_command(workdir: Path, hostname: str, machine_id: str,
+                    command: list[str]) -> list[str]:
+    """Return ``command`` run as another machine: in new mount and UTS namespaces where
+    ``/etc/hostname`` and ``/etc/machine-id`` are bind-mounted from ``workdir`` and the
+    kernel's hostname is ``hostname`` (unshare(1); the namespaces end with the process)."""
+    import shlex
+
+    (workdir / "hostname").write_text(hostname + "\n")
+    (workdir / "machine-id").write_text(machine_id + "\n")
+    for name in ("hostname", "machine-id"):
+        os.chmod(workdir / name, 0o644)
+    script = (f"mount --bind {shlex.quote(str(workdir / 'hostname'))} /etc/hostname && "
+              f"mount --bind {shlex.quote(str(workdir / 'machine-id'))} /etc/machine-id && "
+              f"hostname {shlex.quote(hostname)} && exec \"$@\"")
+    return ["unshare", "--mount", "--uts", "--propagation", "private", "sh", "-c", script,
+            "sh", *command]
+
+
 @dataclass
 class SshLab:
     """A directory of keys and configs from which sshd instances are started."""
@@ -125,8 +143,14 @@ class SshLab:
 
     def start(self, address: str = "127.0.0.1", port: int | None = None,
               extra: list[str] | None = None, netns: str | None = None,
-              host_key: Path | None = None) -> Sshd:
-        """Start one sshd listening on address:port (a free port when none is given)."""
+              host_key: Path | None = None, machine: tuple[str, str] | None = None) -> Sshd:
+        """Start one sshd listening on address:port (a free port when none is given).
+
+        ``machine`` (hostname, machine-id; root only) makes it another machine: sshd runs
+        in mount and UTS namespaces of its own, where ``/etc/hostname``,
+        ``/etc/machine-id`` and the kernel's hostname are that machine's, for everything
+        it starts (the audit's collector too).
+        """
         port = port or free_port(address if netns is None else "127.0.0.1")
         index = len(self.servers)
         workdir = self.root / f"sshd{index}"
@@ -154,6 +178,8 @@ class SshLab:
         config = workdir / "sshd_config"
         config.write_text("\n".join(lines) + "\n")
         command = [SSHD, "-D", "-e", "-f", str(config)]
+        if machine is not None:
+            command = machine_command(workdir, *machine, command)
         if netns is not None:
             command = ["ip", "netns", "exec", netns, *command]
         with open(workdir / "sshd.log", "wb") as log:
