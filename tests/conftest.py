@@ -1,4 +1,9 @@
-"""Fixtures shared by every test: copies of the real host captures to plant problems in."""
+"""Fixtures shared by every test: copies of the real host captures to plant problems in.
+
+The suite runs on several processes (pytest-xdist: tests/run.sh). Test users, sshd ports,
+network namespace and veth names, scratch directories and the entry-point cache are made
+per process; what cannot be is named in :data:`SHARED`, and its tests take turns.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,51 @@ from pathlib import Path
 import pytest
 
 from tests.support.sysroot import CAPTURES, Sysroot, extract_capture
+
+#: Test modules that use something of this machine that only one process may use at once,
+#: by the lock they hold while each of their tests runs.
+SHARED = {
+    # The machine's udevd is started and stopped, and real uevents reach every listener.
+    "tests/auditor/test_watch.py": "udev",
+    # Fixes of this machine as root keep their state in its /var/lib/host-auditor (made and
+    # removed by the fix and its rollback; test_fix checks it is left as it was).
+    "tests/auditor/test_fix.py": "host-state",
+    "tests/auditor/test_cli_host.py": "host-state",
+    "tests/engines/test_ansible.py": "host-state",
+}
+#: Markers whose tests share something of this machine, by lock.
+SHARED_MARKERS = {
+    # Namespaces are joined to this one by 10.200.N.0/24 networks with fixed N.
+    "netns": "netns",
+}
+
+
+@pytest.fixture(autouse=True)
+def shared_part_of_the_machine(request: pytest.FixtureRequest,
+                               tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Run a test that uses a shared part of the machine (:data:`SHARED`) alone in its group.
+
+    Under pytest-xdist the test holds an exclusive lock, in the run's own temporary
+    directory, named by its group: another process's test of the same group waits. (xdist's
+    own ``--dist loadgroup`` silently stopped grouping with pytest 9.2, pytest-xdist issue
+    1386; a lock holds whatever the scheduler does.)
+    """
+    node = request.node
+    group = next((g for m, g in SHARED_MARKERS.items() if node.get_closest_marker(m)),
+                 None) or SHARED.get(node.nodeid.partition("::")[0])
+    if group is None or not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    import fcntl
+
+    # Each worker's base is <run's base>/popen-gwN: the run's base is shared by its workers.
+    lock = tmp_path_factory.getbasetemp().parent / f"shared-{group}.lock"
+    with open(lock, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 @pytest.fixture

@@ -27,4 +27,6 @@ python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
 .venv/bin/ruff check auditor checks remediations tests bench ansible
 .venv/bin/mypy
-exec .venv/bin/python -m pytest "$@"
+# One process per CPU (pytest-xdist); tests that share a part of the machine take turns
+# (tests/conftest.py, SHARED). Later arguments win: `-n 0` runs in this one process.
+exec .venv/bin/python -m pytest -n "${HOST_AUDITOR_TEST_PROCESSES:-auto}" "$@"

@@ -221,7 +221,9 @@ def test_namespace_hosts_dead_and_alive(
             code, out, err = run_audit(
                 capsys, "host", server.target, silent, closed, "--user", SUDO,
                 "--identity", str(ssh_env.lab.client_key), "--known-hosts", str(known),
-                "--timeout", "1", "--format", "json")
+                # 3 s: the live host's whole audit must fit, on a machine that runs the
+                # suite on every CPU at once.
+                "--timeout", "3", "--format", "json")
         finally:
             server.stop()
     document = json.loads(out)
