@@ -37,6 +37,8 @@ HELP = {
     "host_auditor_last_run_timestamp_seconds": "When the audit started (Unix time).",
     "host_auditor_duration_seconds": "How long the audit took.",
     "host_auditor_tuning_info": "Fingerprint of the host's tuned state (audit fingerprint).",
+    "host_auditor_measurement":
+        "A figure a probe measured (audit probe): the metric label names it and its unit.",
 }
 
 
@@ -152,6 +154,37 @@ def _counter_lines(reports: Sequence[Report], family: CounterFamily) -> list[str
     return lines
 
 
+_MEASURED = "measured."
+
+
+def _measurement_lines(reports: Sequence[Report]) -> list[str]:
+    """Return a gauge per figure a probe measured (a finding's ``measured.*`` evidence), so
+    fleets compare hosts by what was measured, not only by the verdicts."""
+    import math
+
+    lines: list[str] = []
+    seen: set[tuple[str, ...]] = set()
+    for report in reports:
+        for finding in report.findings:
+            for key, value in finding.evidence:
+                if not key.startswith(_MEASURED):
+                    continue
+                try:
+                    number = float(value)
+                except ValueError:
+                    continue
+                metric = key[len(_MEASURED):]
+                series = (report.host, finding.check, finding.subject, finding.aspect, metric)
+                if not metric or not math.isfinite(number) or series in seen:
+                    continue
+                seen.add(series)
+                labels = _labels([("host", report.host), ("check", finding.check),
+                                  ("subject", finding.subject), ("aspect", finding.aspect),
+                                  ("metric", metric)])
+                lines.append(f"host_auditor_measurement{labels} {number:.10g}")
+    return lines
+
+
 def render_prometheus(reports: Sequence[Report]) -> str:
     """Render reports as gauges (one per finding, one per check, counts, run facts) and the
     counters checks keep; one machine once, every series once."""
@@ -207,6 +240,8 @@ def render_prometheus(reports: Sequence[Report]) -> str:
         ("host_auditor_duration_seconds", HELP["host_auditor_duration_seconds"], "gauge",
          duration_lines),
         ("host_auditor_tuning_info", HELP["host_auditor_tuning_info"], "gauge", info_lines),
+        ("host_auditor_measurement", HELP["host_auditor_measurement"], "gauge",
+         _measurement_lines(reports)),
     ]
     blocks += [(family.metric, family.help, "counter", _counter_lines(reports, family))
                for family in COUNTER_FAMILIES]

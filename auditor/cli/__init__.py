@@ -20,7 +20,7 @@ import typer
 from typer._click.exceptions import ClickException, NoArgsIsHelpError
 
 from auditor import __version__
-from auditor.cli import fleet, host, local
+from auditor.cli import fleet, host, local, probe
 from auditor.cli.options import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from auditor.text import printable
 
@@ -34,6 +34,7 @@ COMMANDS: dict[str, Callable[..., Any]] = {
     "fingerprint": fleet.fingerprint_command,
     "merge": fleet.merge_command,
     "watch": fleet.watch_command,
+    "probe": probe.probe_command,
 }
 
 
