@@ -8,7 +8,6 @@ lines of an applied fix. Every function returns text; the CLI writes it.
 from __future__ import annotations
 
 import json
-import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from auditor.model import (
     worst,
 )
 from auditor.parsing import lazy_re
+from auditor.text import visible
 
 if TYPE_CHECKING:
     import jinja2
@@ -49,12 +49,6 @@ _ANSI = {
     Status.FAIL: "1;31",
     Status.ERROR: "1;35",
 }
-
-
-_XML_INVALID = lazy_re("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
-
-
-_CONTROL = lazy_re("[\x00-\x1f\x7f-\x9f]")
 
 
 class ShellLiteral(str):
@@ -86,30 +80,27 @@ def _shell_finalize(value: Any) -> str:
 
 
 def printable_lines(text: str) -> str:
-    """Return text with each line's control characters (ANSI escapes too) made visible."""
-    return "".join(_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", line) + "\n"
-                   for line in text.splitlines())
+    """Return text with each line's control and format characters (ANSI escapes, bidi
+    overrides) made visible."""
+    return "".join(visible(line) + "\n" for line in text.splitlines())
 
 
 def one_line(text: Any) -> str:
-    """Fold a value onto one line, with control characters (ANSI escapes too) made visible."""
-    folded = " ".join(str(text).split())
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", folded)
+    """Fold a value onto one line, with control and format characters (ANSI escapes, bidi
+    overrides, zero-width characters) made visible."""
+    return visible(" ".join(str(text).split()))
 
 
 class Safe(str):
     """Text a template made itself (a colour code, an escaped value): output as it is."""
 
 
-def _escape_control(match: re.Match[str]) -> str:
-    return f"\\x{ord(match.group()):02x}"
-
-
 def _text_finalize(value: Any) -> Any:
     # Every value a text template prints is one printable line: a host name, a message
-    # or an error read from a host cannot move the cursor, recolour or clear the terminal.
+    # or an error read from a host cannot move the cursor, recolour or clear the terminal,
+    # nor reorder the line with a bidi override (every escape is made in auditor.text).
     if isinstance(value, str) and not isinstance(value, Safe):
-        return _CONTROL.sub(_escape_control, value)
+        return visible(value)
     return value
 
 
@@ -137,10 +128,18 @@ def _markdown_finalize(value: Any) -> Any:
     return value
 
 
-def _xml_finalize(value: Any) -> Any:
-    # XML 1.0 forbids most control characters even when escaped; a host can hold any byte.
+def _markup_finalize(value: Any) -> Any:
+    # HTML and XML: format characters (bidi overrides, zero-width) would reorder or hide
+    # text even as character references, and XML 1.0 forbids most control characters
+    # even escaped; each is shown as its escape (auditor.text). Markup the template made
+    # stays markup (the escapes are plain ASCII).
     if isinstance(value, str):
-        return _XML_INVALID.sub("\ufffd", value)
+        shown = visible(value, keep="\n\t")
+        if shown is not value and hasattr(value, "__html__"):
+            from markupsafe import Markup
+
+            return Markup(shown)  # noqa: S704 - it was markup; only ASCII escapes were added
+        return shown
     return value
 
 
@@ -158,8 +157,8 @@ def make_environment(kind: Kind = "text", colour: bool = False) -> jinja2.Enviro
     }
     if kind == "shell":
         options["finalize"] = _shell_finalize
-    elif kind == "xml":
-        options["finalize"] = _xml_finalize
+    elif kind in ("xml", "html"):
+        options["finalize"] = _markup_finalize
     elif kind == "text":
         options["finalize"] = _text_finalize
     elif kind == "markdown":
