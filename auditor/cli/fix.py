@@ -48,6 +48,16 @@ class FixRequest:
             return self.rollback_script
         return default_rollback_path(self.fix_script) if self.fix_script else None
 
+    def check_paths(self) -> None:
+        """Raise a usage error now, before any audit, for a script that could not be written
+        or an ``--apply`` that could not be confirmed."""
+        from auditor.cli.options import check_output_path
+
+        check_output_path(self.fix_script, "fix script")
+        check_output_path(self.rollback_path, "rollback script")
+        if self.apply and not self.yes and not sys.stdin.isatty():
+            raise UsageError("--apply changes the host: confirm with --yes when not on a terminal")
+
 
 def default_rollback_path(fix_script: str) -> str:
     """Return where the rollback goes beside a fix script: ``fix.sh`` -> ``fix.rollback.sh``."""

@@ -36,6 +36,7 @@ from auditor.cli.options import (
     SudoOpt,
     TimeoutOpt,
     UserOpt,
+    check_output_path,
     choice,
     exit_code,
     fatal,
@@ -84,6 +85,7 @@ def fingerprint_command(
     if target != "local":
         fatal(f"unknown target {target!r}: use local, --root PATH or --report FILE", EXIT_USAGE)
     with handle_errors():
+        check_output_path(output)
         if report_file is not None:
             from auditor.results import load_results
 
@@ -157,6 +159,8 @@ def merge_command(
     from auditor.results import load_results
 
     fmt = infer_format(fmt, output, MERGE_FORMATS)
+    with handle_errors():
+        check_output_path(output)
     files, empty = _expand(results)
     loaded = load_results(files)
     for bad in loaded.unreadable:
@@ -237,6 +241,7 @@ def snapshot_command(
     from auditor.snapshot import snapshot, write_capture
 
     with handle_errors():
+        check_output_path(output, "capture")
         checks, _ = prepare(AuditOptions.of(check=check, skip=skip))
         reach = None
         if target != "local":

@@ -184,18 +184,19 @@ def host_command(
     options = AuditOptions.of(fmt, output, check, skip, fail_on, policy, profile, debug)
     request = FixRequest(fix_script, rollback_script, apply, yes)
     with handle_errors(debug):
-        checks, loaded = prepare(options)
         wanted = [parse_target(t) for t in targets or ()]
         for path in inventory or ():
             wanted.extend(load_inventory(path, note=lambda line: note(f"note: {line}")))
         if not wanted:
             raise UsageError("no hosts given: name hosts, or pass --inventory FILE")
+        if request.wanted and len(wanted) != 1:
+            raise UsageError("--fix-script, --rollback-script and --apply take exactly one host")
+        request.check_paths()
+        checks, loaded = prepare(options, len(wanted))
         reach = ssh_options(user, port, identity, sudo, timeout, accept_new_host_keys,
                             known_hosts, ssh_config, root)
         sysroot_path(root)  # a bad --root is a usage error before any connection
     if request.wanted:
-        if len(wanted) != 1:
-            fatal("--fix-script, --rollback-script and --apply take exactly one host", EXIT_USAGE)
         raise typer.Exit(_fix_remote(wanted[0], reach, checks, loaded, options, request))
     fleet = FleetAudit(wanted, reach, checks, loaded, parallel=parallel, debug=debug,
                        workers=workers,

@@ -63,6 +63,7 @@ def local_command(
     request = FixRequest(fix_script, rollback_script, apply, yes)
     fix_code = EXIT_OK
     with handle_errors(debug):
+        request.check_paths()
         checks, loaded = prepare(options)
 
         def open_host() -> Host:

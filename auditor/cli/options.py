@@ -272,14 +272,22 @@ class AuditOptions:
                    tuple(skip or ()), FailOn(fail_on), policy, profile, debug)
 
 
-def prepare(options: AuditOptions) -> tuple[list[CheckClass], Policy]:
-    """Return the selected check classes and the policy, or raise a usage error."""
+def prepare(options: AuditOptions, targets: int = 1) -> tuple[list[CheckClass], Policy]:
+    """Return the selected check classes and the policy, or raise a usage error.
+
+    Everything the command line says is checked here, before the first host is touched:
+    the format for ``targets`` hosts, the output file, the checks and the policy.
+    """
     from auditor.policy import load_policy
     from auditor.registry import load_checks, select
     from auditor.render import FORMATS
 
     if options.fmt not in FORMATS:
         raise UsageError(f"unknown format {options.fmt!r} (formats: {', '.join(FORMATS)})")
+    if options.fmt == "nfd" and targets > 1:
+        raise UsageError(f"--format nfd labels one node; {targets} hosts were named (run "
+                         "audit local on each node)")
+    check_output_path(options.output)
     every = load_checks()
     checks = select(every, options.only, options.skip)
     if not checks:
@@ -288,8 +296,92 @@ def prepare(options: AuditOptions) -> tuple[list[CheckClass], Policy]:
     return checks, policy
 
 
-def write_output(text: str, output: str | None) -> None:
-    """Write rendered text to stdout, or to a file through a dot-file and a rename."""
+def check_output_path(path: str | None, what: str = "report") -> None:
+    """Raise a usage error unless ``path`` can be written: run before any work, so a typo in
+    ``-o`` costs a second, not a fleet's audit.
+
+    The file's directory must exist and be a directory this process may create files in
+    (or the file exist and be writable: it is then written in place); the path must not be
+    a directory. What only the write can tell (a full disk) is handled when writing.
+    """
+    if path is None or path == "-":
+        return
+    expanded = os.path.expanduser(path)
+    if os.path.isdir(expanded):
+        raise UsageError(f"{path}: is a directory; name the {what} file to write")
+    directory = os.path.dirname(os.path.abspath(expanded))
+    if not os.path.isdir(directory):
+        raise UsageError(f"{path}: cannot write the {what}: directory {directory} does not "
+                         "exist")
+    if os.path.exists(expanded) and os.access(expanded, os.W_OK):
+        return
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise UsageError(f"{path}: cannot write the {what}: no permission to create files "
+                         f"in {directory}")
+
+
+#: Where reports are kept when their output cannot be written after the work (a full
+#: disk): another file system than the output's, more often than not.
+UNSAVED_ENV = "HOST_AUDITOR_UNSAVED_DIR"
+
+
+def unsaved_dir() -> str:
+    """Return where reports that could not be written are kept for this user."""
+    configured = os.environ.get(UNSAVED_ENV)
+    if configured:
+        return os.path.abspath(configured)
+    if os.geteuid() == 0:
+        return "/var/lib/host-auditor/unsaved"
+    home = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"),
+                                                              ".local", "state")
+    return os.path.join(os.path.abspath(home), "host-auditor", "unsaved")
+
+
+def keep_unsaved(reports: Sequence[Report]) -> str:
+    """Write every report as JSON into :func:`unsaved_dir`; return the file's path.
+
+    The directory is made ``0700`` and must be this user's alone (never a path another
+    user controls); the file is new (``O_EXCL``), ``0600``. Raise OSError.
+    """
+    import datetime as dt
+    import json
+    import stat
+
+    directory = unsaved_dir()
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise PermissionError(f"{directory} is not this user's alone (mode "
+                                  f"{stat.S_IMODE(st.st_mode):o})")
+        name = f"audit-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-{os.getpid()}.json"
+        documents = [r.to_dict() for r in reports]
+        body = documents[0] if len(documents) == 1 else {"hosts": documents}
+        data = (json.dumps(body, indent=1, ensure_ascii=False) + "\n").encode("utf-8")
+        out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
+                      dir_fd=fd)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(out, view):]
+        except BaseException:
+            os.close(out)
+            os.unlink(name, dir_fd=fd)
+            raise
+        os.close(out)
+        return os.path.join(directory, name)
+    finally:
+        os.close(fd)
+
+
+def write_output(text: str, output: str | None,
+                 reports: Sequence[Report] | None = None) -> None:
+    """Write rendered text to stdout, or to a file through a dot-file and a rename.
+
+    Where the file cannot be written after the work (a full disk), the ``reports`` are kept
+    as JSON in :func:`unsaved_dir` and the one error line says where (exit 2).
+    """
     if output is None or output == "-":
         sys.stdout.write(text)
         sys.stdout.flush()
@@ -299,7 +391,14 @@ def write_output(text: str, output: str | None) -> None:
     try:
         write_atomic(output, text)
     except OSError as exc:
-        fatal(f"{output}: cannot write report ({exc.strerror})", EXIT_USAGE)
+        kept = ""
+        if reports:
+            try:
+                kept = (f"; the {len(reports)} host{'s' if len(reports) != 1 else ''}' "
+                        f"results are kept in {keep_unsaved(reports)}")
+            except OSError as again:
+                kept = f"; the results could not be kept either ({again})"
+        fatal(f"{output}: cannot write report ({exc.strerror}){kept}", EXIT_USAGE)
 
 
 def exit_code(reports: Sequence[Report], fail_on: FailOn) -> int:
@@ -337,11 +436,11 @@ def emit(reports: Sequence[Report], options: AuditOptions) -> int:
         from auditor.fleet import view_of_reports
         from auditor.render import render_merge
 
-        write_output(render_merge(view_of_reports(reports), "html"), options.output)
+        write_output(render_merge(view_of_reports(reports), "html"), options.output, reports)
         return code
     with handle_errors(options.debug):
         text = render_reports(reports, options.fmt, fail_on=options.fail_on, colour=colour)
     if options.fmt == "text" and len(reports) > 1:
         text += "\n" + render_fleet_table(reports, colour=colour)
-    write_output(text, options.output)
+    write_output(text, options.output, reports)
     return code
