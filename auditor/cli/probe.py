@@ -7,7 +7,6 @@ and the report is a report like an audit's, in every format.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -34,7 +33,7 @@ from auditor.errors import UsageError
 if TYPE_CHECKING:
     from auditor.hosts.base import Host
     from auditor.model import Finding, Report
-    from auditor.probes.run import ProbeRequest, Runner
+    from auditor.probes.run import ProbeRequest
 
 ProbeOpt = Annotated[
     str | None,
@@ -113,17 +112,11 @@ def probe_local(request: ProbeRequest) -> Report:
     from auditor.hosts import LocalHost
     from auditor.probes.run import LocalRunner, run_probes
 
-    with LocalHost() as host:
-        related = related_findings(host, request)
+    def related() -> list[Finding]:
+        with LocalHost() as host:
+            return related_findings(host, request)
+
     return run_probes(LocalRunner(), request, target="local", say=note, related=related)
-
-
-def probe_over(runner: Runner, request: ProbeRequest, target: str,
-               related: Sequence[Finding] = ()) -> Report:
-    """Run the probes through ``runner`` (a host over SSH), progress on stderr."""
-    from auditor.probes.run import run_probes
-
-    return run_probes(runner, request, target=target, say=note, related=related)
 
 
 def probe_command(
@@ -164,18 +157,22 @@ def probe_command(
 
 def _probe_remote(text: str, request: ProbeRequest, reach: object) -> Report:
     from auditor.hosts.ssh import SshHost, SshOptions, parse_target
-    from auditor.probes.run import SshRunner
+    from auditor.probes.judge import P2P_CHECKS
+    from auditor.probes.run import SshRunner, run_probes
     from auditor.registry import collected_paths, load_checks, select
 
     assert isinstance(reach, SshOptions)
     target = parse_target(text)
     with SshHost(target, reach) as host:
         host.connect()
-        related: list[Finding] = []
-        if "p2p" in request.probes:
-            # What the ACS/IOMMU checks read, collected on the connection the probes use.
-            checks = select(load_checks(), ("pcie.acs", "iommu.mode"), ())
-            host.collect(collected_paths(checks), keep_open=True)
-            related = related_findings(host, request)
         host.stop_clock()  # each probe has its own deadline
-        return probe_over(SshRunner(host), request, host.target, related)
+
+        def related() -> list[Finding]:
+            # What the ACS/IOMMU checks read, collected on the connection the probes use.
+            checks = select(load_checks(), P2P_CHECKS, ())
+            host.collect(collected_paths(checks), keep_open=True)
+            host.stop_clock()
+            return related_findings(host, request)
+
+        return run_probes(SshRunner(host), request, target=host.target, say=note,
+                          related=related)

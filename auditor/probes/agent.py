@@ -609,41 +609,72 @@ def open_driver() -> Any:
     raise ProbeSkip("no GPU driver: " + ", ".join(reasons))
 
 
-def busy_state(bdf: str) -> JSONDict:
-    """Return what NVML says of a GPU's use: compute processes and utilisation.
+class Nvml(object):
+    """What NVML (``libnvidia-ml.so.1``, through ``ctypes`` too) says of a GPU: its use,
+    and its PCIe link where sysfs does not show it (a container or a sandbox).
 
-    NVML through ``ctypes`` too (``libnvidia-ml.so.1``). Two calls whose ABI has not
-    changed: ``nvmlDeviceGetUtilizationRates`` (two unsigned ints) and
+    Only calls whose ABI has not changed: ``nvmlDeviceGetUtilizationRates`` (two unsigned
+    ints), the link generation and width getters (one unsigned int), and
     ``nvmlDeviceGetComputeRunningProcesses`` asked with room for none, which answers
     SUCCESS with a count of 0 when no process runs and INSUFFICIENT_SIZE (7) when some
     do, so no process struct (whose layout changed between versions) is ever read.
     """
-    try:
-        nvml = ctypes.CDLL("libnvidia-ml.so.1")
-    except OSError:
-        return {"known": False, "reason": "NVML (libnvidia-ml.so.1) not found"}
-    try:
-        init = getattr(nvml, "nvmlInit_v2", None) or nvml.nvmlInit
-        if init() != 0:
-            return {"known": False, "reason": "NVML did not initialise"}
-    except AttributeError:
-        return {"known": False, "reason": "NVML too old"}
-    try:
+
+    def __init__(self) -> None:
+        self.lib = None  # type: Any
+        self.reason = ""
+        try:
+            lib = ctypes.CDLL("libnvidia-ml.so.1")
+        except OSError:
+            self.reason = "NVML (libnvidia-ml.so.1) not found"
+            return
+        init = getattr(lib, "nvmlInit_v2", None) or getattr(lib, "nvmlInit", None)
+        if init is None or init() != 0:
+            self.reason = "NVML did not initialise"
+            return
+        self.lib = lib
+
+    def close(self) -> None:
+        lib, self.lib = self.lib, None
+        if lib is not None and hasattr(lib, "nvmlShutdown"):
+            lib.nvmlShutdown()
+
+    def handle(self, bdf: str) -> Optional[ctypes.c_void_p]:
+        if self.lib is None:
+            return None
         handle = ctypes.c_void_p()
-        by_bus = (getattr(nvml, "nvmlDeviceGetHandleByPciBusId_v2", None)
-                  or nvml.nvmlDeviceGetHandleByPciBusId)
+        by_bus = (getattr(self.lib, "nvmlDeviceGetHandleByPciBusId_v2", None)
+                  or getattr(self.lib, "nvmlDeviceGetHandleByPciBusId", None))
+        if by_bus is None:
+            return None
         by_bus.argtypes = [ctypes.c_char_p, c_void_pp]
         if by_bus(bdf.encode(), ctypes.byref(handle)) != 0:
-            return {"known": False, "reason": "NVML does not know " + bdf}
+            return None
+        return handle
+
+    def _uint(self, name: str, handle: ctypes.c_void_p) -> Optional[int]:
+        function = getattr(self.lib, name, None)
+        if function is None:
+            return None
+        value = ctypes.c_uint(0)
+        function.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint)]
+        if function(handle, ctypes.byref(value)) != 0:
+            return None
+        return int(value.value)
+
+    def busy(self, bdf: str) -> JSONDict:
+        handle = self.handle(bdf)
+        if handle is None:
+            return {"known": False, "reason": self.reason or "NVML does not know " + bdf}
         state = {"known": True}  # type: JSONDict
         rates = (ctypes.c_uint * 2)()
-        nvml.nvmlDeviceGetUtilizationRates.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-        if nvml.nvmlDeviceGetUtilizationRates(handle, rates) == 0:
+        self.lib.nvmlDeviceGetUtilizationRates.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        if self.lib.nvmlDeviceGetUtilizationRates(handle, rates) == 0:
             state["utilisation"] = int(rates[0])
         for name in ("nvmlDeviceGetComputeRunningProcesses_v3",
                      "nvmlDeviceGetComputeRunningProcesses_v2",
                      "nvmlDeviceGetComputeRunningProcesses"):
-            function = getattr(nvml, name, None)
+            function = getattr(self.lib, name, None)
             if function is None:
                 continue
             count = ctypes.c_uint(0)
@@ -656,10 +687,34 @@ def busy_state(bdf: str) -> JSONDict:
                 state["processes"] = max(1, int(count.value))
             break
         return state
+
+    def link(self, bdf: str, now_only: bool = False) -> JSONDict:
+        """Return the link generation and width NVML reports (now, and the most the GPU
+        and its slot allow); {} where NVML cannot say."""
+        handle = self.handle(bdf)
+        if handle is None:
+            return {}
+        names = [("current_gen", "nvmlDeviceGetCurrPcieLinkGeneration"),
+                 ("current_width", "nvmlDeviceGetCurrPcieLinkWidth")]
+        if not now_only:
+            names += [("max_gen", "nvmlDeviceGetMaxPcieLinkGeneration"),
+                      ("max_width", "nvmlDeviceGetMaxPcieLinkWidth"),
+                      ("gpu_max_gen", "nvmlDeviceGetGpuMaxPcieLinkGeneration")]
+        found = {}  # type: JSONDict
+        for key, name in names:
+            value = self._uint(name, handle)
+            if value is not None:
+                found[key] = value
+        return found
+
+
+def busy_state(bdf: str) -> JSONDict:
+    """Return what NVML says of a GPU's use: compute processes and utilisation."""
+    nvml = Nvml()
+    try:
+        return nvml.busy(bdf)
     finally:
-        shutdown = getattr(nvml, "nvmlShutdown", None)
-        if shutdown is not None:
-            shutdown()
+        nvml.close()
 
 
 def refusal(state: JSONDict) -> str:
@@ -687,14 +742,18 @@ def choose_gpus(api: Any, wanted: Optional[List[int]]) -> List[Gpu]:
 
 
 def time_copies(api: Any, direction: str, device: int, host: int, size: int, copies: int,
-                stream: int, start: int, stop: int, bdf: str) -> Tuple[float, JSONDict]:
+                stream: int, start: int, stop: int, bdf: str,
+                nvml: Optional[Nvml] = None) -> Tuple[float, JSONDict]:
     """Time ``copies`` back-to-back copies between two events; return GB/s and the link
-    sysfs showed while they ran (read after they were queued, before they finished)."""
+    sysfs (and NVML) showed while they ran (read after they were queued, before they
+    finished)."""
     api.record(start, stream)
     for _ in range(copies):
         api.copy_async(direction, device, host, size, stream)
     api.record(stop, stream)
     link = link_now(bdf)
+    if nvml is not None and nvml.lib is not None:
+        link["nvml"] = nvml.link(bdf, now_only=True)
     milliseconds = api.wait_ms(start, stop)
     seconds = max(milliseconds / 1000.0, 1e-9)
     return size * copies / seconds / 1e9, link
@@ -708,9 +767,12 @@ def median(values: List[float]) -> float:
     return (ordered[middle - 1] + ordered[middle]) / 2.0
 
 
-def copy_one(api: Any, gpu: Gpu, directions: List[str], size: int) -> JSONDict:
+def copy_one(api: Any, gpu: Gpu, directions: List[str], size: int,
+             nvml: Optional[Nvml] = None) -> JSONDict:
     """Measure pinned copies to and from one GPU; free everything on every path."""
     result = {"gpu": gpu.describe(), "link": pci_link(gpu.bdf)}  # type: JSONDict
+    if nvml is not None and nvml.lib is not None:
+        result["link"]["nvml"] = nvml.link(gpu.bdf)
     local = parse_cpulist(result["link"].get("local_cpulist"))
     before = allowed_cpus()
     # Pin first: the pinned buffer is then placed on the GPU's node when first touched
@@ -733,7 +795,7 @@ def copy_one(api: Any, gpu: Gpu, directions: List[str], size: int) -> JSONDict:
             trials, links = [], []
             for _ in range(TRIALS):
                 gbps, link = time_copies(api, direction, device, host, size, COPIES, stream,
-                                         start, stop, gpu.bdf)
+                                         start, stop, gpu.bdf, nvml)
                 trials.append(gbps)
                 links.append(link)
             result[direction] = {"gbps": median(trials), "trials": trials,
@@ -767,9 +829,10 @@ def probe_copy(options: JSONDict) -> JSONDict:
     directions = [d for d in ("h2d", "d2h") if d in options.get("directions", ["h2d", "d2h"])]
     size = int(options.get("bytes") or COPY_BYTES)
     answers = []
+    nvml = Nvml() if api.kind == "cuda" else None
     try:
         for gpu in gpus:
-            state = busy_state(gpu.bdf) if api.kind == "cuda" else {
+            state = nvml.busy(gpu.bdf) if nvml is not None else {
                 "known": False, "reason": "no busy check for HIP GPUs"}
             busy = refusal(state) if state.get("known") else ""
             if busy and not options.get("force"):
@@ -778,7 +841,7 @@ def probe_copy(options: JSONDict) -> JSONDict:
                 continue
             progress("copy: GPU {} ({})".format(gpu.index, gpu.bdf))
             try:
-                answer = copy_one(api, gpu, directions, size)
+                answer = copy_one(api, gpu, directions, size, nvml)
             except DriverError as exc:
                 answer = {"gpu": gpu.describe(), "link": pci_link(gpu.bdf),
                           "error": str(exc)}
@@ -786,6 +849,8 @@ def probe_copy(options: JSONDict) -> JSONDict:
             answers.append(answer)
     finally:
         api.close_all()
+        if nvml is not None:
+            nvml.close()
     return {"driver": api.kind, "driver_version": api.version, "gpus": answers}
 
 

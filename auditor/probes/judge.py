@@ -100,10 +100,26 @@ def not_run(probe: str, answer: Mapping[str, Any], subject: str = "host") -> Fin
 
 
 def _links(link_info: Mapping[str, Any]) -> tuple[Link | None, Link | None, Link | None]:
+    """Return the GPU's maximum link, the port's above it, and the link now: from sysfs,
+    else from NVML (a container or sandbox may show no PCI sysfs; NVML's maximum is
+    already the lower of the GPU's and its slot's)."""
     gpu_max = Link.parse(link_info.get("max_speed"), link_info.get("max_width"))
     port_max = Link.parse(link_info.get("port_max_speed"), link_info.get("port_max_width"))
     current = Link.parse(link_info.get("current_speed"), link_info.get("current_width"))
+    nvml = _map(link_info.get("nvml"))
+    if gpu_max is None and nvml:
+        gpu_max = Link.of_generation(nvml.get("max_gen"), nvml.get("max_width"))
+    if current is None and nvml:
+        current = Link.of_generation(nvml.get("current_gen"), nvml.get("current_width"))
     return gpu_max, port_max, current
+
+
+def _link_during(during_info: Mapping[str, Any]) -> Link | None:
+    during = Link.parse(during_info.get("speed"), during_info.get("width"))
+    if during is None:
+        nvml = _map(during_info.get("nvml"))
+        during = Link.of_generation(nvml.get("current_gen"), nvml.get("current_width"))
+    return during
 
 
 def judge_copy(data: Mapping[str, Any], directions: Sequence[str],
@@ -154,7 +170,7 @@ def _judge_direction(direction: str, bdf: str, name: str, gbps: float,
                      item: Mapping[str, Any], thresholds: Thresholds) -> Finding:
     gpu_max, port_max, idle = _links(link_info)
     during_info = _map(result.get("link_during"))
-    during = Link.parse(during_info.get("speed"), during_info.get("width"))
+    during = _link_during(during_info)
     limit_link = expected_link(gpu_max, port_max)
     notes: list[str] = []
     if (limit_link is not None and gpu_max is not None and limit_link != gpu_max

@@ -106,6 +106,18 @@ class Link:
         return f"{float(self.rate):g} GT/s x{self.width}"
 
     @classmethod
+    def of_generation(cls, generation: object, width: object) -> Link | None:
+        """Return the link of a generation number and a width (NVML reports these)."""
+        if isinstance(generation, bool) or isinstance(width, bool):
+            return None
+        if not isinstance(generation, int) or not isinstance(width, int):
+            return None
+        rate = next((r for r, (g, _, _) in RATES.items() if g == generation), None)
+        if rate is None or width not in WIDTHS:
+            return None
+        return cls(rate, width)
+
+    @classmethod
     def parse(cls, speed: str | None, width: str | None) -> Link | None:
         rate, lanes = parse_speed(speed), parse_width(width)
         if rate is None or lanes is None:

@@ -175,8 +175,16 @@ class SshRunner:
         return parse_output(result.output)
 
 
+#: What a broken p2p path would corroborate: called only once a p2p probe measured.
+Related = Callable[[], Sequence[Finding]]
+
+
+def _none() -> Sequence[Finding]:
+    return ()
+
+
 def judge_answer(probes: Sequence[str], answer: Mapping[str, Any], request: ProbeRequest,
-                 related: Sequence[Finding] = ()) -> list[Finding]:
+                 related: Related = _none) -> list[Finding]:
     """Return the findings of one run of the program, for the probes it answers."""
     status = answer.get("status")
     if status != "ok" or not isinstance(answer.get("data"), Mapping):
@@ -185,7 +193,7 @@ def judge_answer(probes: Sequence[str], answer: Mapping[str, Any], request: Prob
     if probes[0] in ("h2d", "d2h"):
         return judge.judge_copy(data, probes, request.thresholds)
     if probes[0] == "p2p":
-        return judge.judge_p2p(data, related, request.thresholds)
+        return judge.judge_p2p(data, related(), request.thresholds)
     if probes[0] == "wakeup":
         return judge.judge_wakeup(data, request.thresholds)
     return judge.judge_numa(data)
@@ -204,7 +212,7 @@ def _peak_gpu_memory(answer: Mapping[str, Any]) -> int:
 
 def run_probes(runner: Runner, request: ProbeRequest, *, target: str,
                say: Callable[[str], None] = lambda _: None,
-               related: Sequence[Finding] = ()) -> Report:
+               related: Related = _none) -> Report:
     """Run the requested probes one after another; return them as one report."""
     started_at = dt.datetime.now(dt.timezone.utc)
     started = time.perf_counter()

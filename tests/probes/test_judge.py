@@ -179,3 +179,17 @@ def test_numa_remote_faster_than_local_warns() -> None:
     (finding,) = judge.judge_numa(data)
     assert finding.status is Status.PASS
     assert judge.measurements(finding)["remote_ratio"] == pytest.approx(8 / 12)
+
+
+def test_without_pci_sysfs_the_link_comes_from_nvml() -> None:
+    # A sandbox that shows no PCI sysfs: NVML's generation and width stand in.
+    link = {"max_speed": None, "nvml": {"max_gen": 5, "max_width": 16, "current_gen": 1,
+                                        "current_width": 16}}
+    data = copy_answer(55.4, link=link)
+    data["gpus"][0]["h2d"]["link_during"] = {"speed": None, "width": None,
+                                             "nvml": {"current_gen": 5, "current_width": 16}}
+    (h2d,) = judge.judge_copy(data, ("h2d",))
+    assert h2d.status is Status.PASS
+    assert "88% of the Gen5 x16 payload limit (63.0 GB/s); link during the copy Gen5 x16" in \
+        h2d.message
+    assert dict(h2d.evidence)["link_idle"] == "Gen1 x16 (2.5 GT/s x16)"

@@ -90,3 +90,10 @@ def test_thresholds(fraction: float, status: Status) -> None:
 def test_thresholds_can_be_moved() -> None:
     assert verdict(0.77, warn_below=0.75, fail_below=0.60) is Status.PASS
     assert verdict(0.65, warn_below=0.75, fail_below=0.60) is Status.WARN
+
+
+def test_links_of_generation_numbers() -> None:
+    assert Link.of_generation(5, 16) == Link(Fraction(32), 16)
+    assert Link.of_generation(6, 8) == Link(Fraction(64), 8)
+    for generation, width in ((0, 16), (8, 16), (5, 3), (True, 16), ("5", 16), (5, None)):
+        assert Link.of_generation(generation, width) is None
