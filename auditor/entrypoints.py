@@ -11,6 +11,12 @@ a cache that cannot be read or does not parse, or a finder that supplies distrib
 from elsewhere (``find_distributions`` on a finder other than the path finder) means a
 fresh search, as stevedore does for OpenStack's plug-ins.
 
+The cache belongs to the user running the tool, or is not used: its directory and the
+cache directory above it must be that user's and writable by no one else, and the file a
+regular file of that user's, writable by no one else, opened without following a symlink
+and without blocking (a FIFO planted there never hangs a run). Under ``sudo -E`` the
+cache of the user whose HOME it is is neither read nor written.
+
 The cache holds entry points only (distribution, name, ``module:attribute``); what they
 name is imported and validated by the registry as on a fresh search. A cached entry
 point that no longer imports makes the registry search again before reporting it.
@@ -19,6 +25,7 @@ point that no longer imports makes the registry search again before reporting it
 from __future__ import annotations
 
 import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -110,18 +117,50 @@ def _path_key() -> list[Any] | None:
     return key
 
 
+def _ours(directory: str) -> bool:
+    """Return whether ``directory`` is a directory of this user's that no other can write."""
+    try:
+        st = os.stat(directory)
+    except OSError:
+        return False
+    return (stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
+            and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+
+
+def _usable(path: Path) -> bool:
+    """Return whether the cache's directory, and the one above it, are this user's alone."""
+    return _ours(str(path.parent)) and _ours(str(path.parent.parent))
+
+
 def _entries(path: Path) -> list[Any]:
-    """Return the cache file's entries (key, group, points), or none where it is unusable."""
+    """Return the cache file's entries (key, group, points), or none where it is unusable.
+
+    Unusable: not this user's alone (see the module's docstring), not a regular file, too
+    large, or not the cache's layout.
+    """
     import json
 
+    if not _usable(path):
+        return []
     try:
-        with open(path, "rb") as handle:
+        # No symlink followed, no FIFO waited on; a device or FIFO is then refused by fstat.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return []
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or \
+                st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return []
+        with os.fdopen(fd, "rb", closefd=False) as handle:
             raw = handle.read(MAX_CACHE_BYTES + 1)
         if len(raw) > MAX_CACHE_BYTES:
             return []
         data = json.loads(raw)
     except (OSError, ValueError, RecursionError):
         return []
+    finally:
+        os.close(fd)
     if not (isinstance(data, dict) and data.get("version") == CACHE_VERSION
             and isinstance(data.get("entries"), list)):
         return []
@@ -144,7 +183,9 @@ def _write(path: Path, entries: list[Any]) -> None:
     body = json.dumps({"version": CACHE_VERSION, "entries": entries[:MAX_ENTRIES]},
                       separators=(",", ":"))
     try:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _make_directories(path.parent)
+        if not _usable(path):
+            return  # another user's directory (sudo -E): nothing is written through it
         handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".entry-points-")
         try:
             with os.fdopen(handle, "w", encoding="utf-8") as out:
@@ -155,6 +196,22 @@ def _write(path: Path, entries: list[Any]) -> None:
             raise
     except OSError:
         return  # a cache that cannot be written only costs the next run a search
+
+
+def _make_directories(directory: Path) -> None:
+    """Create ``directory`` and its missing parents (mode 0700), only below a directory of
+    this user's alone."""
+    missing: list[Path] = []
+    existing = directory
+    while not existing.exists():
+        missing.append(existing)
+        if existing.parent == existing:
+            return
+        existing = existing.parent
+    if missing and not _ours(str(existing)):
+        return
+    for part in reversed(missing):
+        part.mkdir(mode=0o700)
 
 
 def find(group: str, *, fresh: bool = False) -> tuple[list[Point], bool]:
