@@ -21,6 +21,11 @@ which:
   real path, and in it one per fix, made with ``mkdir`` (exclusive) and mode 0700.
   A state directory is used only when it is a directory owned by the user running
   the fix and writable by nobody else;
+- writes each state file whole (a temporary name, fsync, then its name) and keeps
+  with each backup a record of its size and digest, and of the file's inode, owner
+  and mode: a backup that is not whole is never trusted, and the rollback writes
+  back only onto the inode the fix left (a file made again after its removal is
+  its old owner's, never setuid or setgid);
 - checks the host name and (a salted hash of) the machine-id the audit saw before
   it changes anything.
 
@@ -32,12 +37,14 @@ state is kept for the rollback), 2 refused before any change (another host, a
 bad root, a state directory that is not safe).
 """
 
+import errno
 import fcntl
 import hashlib
 import json
 import os
 import re
 import stat
+import struct
 import sys
 from typing import Any, Dict, List, Optional, Set, Tuple  # noqa: F401 - type comments
 
@@ -233,6 +240,8 @@ class State:
         """Make the state directory before the first change (exclusively), with the root's
         path and a copy of the rollback."""
         if self.exists():
+            if rollback is not None and not self.has("rollback.sh"):
+                self.write_new("rollback.sh", rollback, 0o700)  # a first run cut short
             return
         if self.key_fd < 0:
             self.open_key(create=True)
@@ -268,18 +277,99 @@ class State:
 
     def write_new(self, name, data, mode=0o600):
         # type: (str, bytes, int) -> None
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, mode,
+        """Keep ``data`` under a new ``name``, whole or not at all.
+
+        The bytes go to a temporary name first, are synced, and only then take ``name``
+        (a hard link: ``name`` must not exist yet): a file cut short (ENOSPC, a crash) is
+        never found under ``name``, so a re-run or a rollback never takes it for a backup.
+        """
+        temporary = ".new-%s-%s" % (name, os.urandom(6).hex())
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, mode,
                      dir_fd=self.fd)
         try:
-            write_fd(fd, data)
+            try:
+                write_fd(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                os.link(temporary, name, src_dir_fd=self.fd, dst_dir_fd=self.fd,
+                        follow_symlinks=False)
+            except OSError as exc:
+                if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EMLINK):
+                    raise
+                # A file system without hard links: the name must still be new.
+                if self.has(name):
+                    raise FileExistsError(errno.EEXIST, "state file exists", name) from None
+                os.rename(temporary, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
         finally:
-            os.close(fd)
+            try:
+                os.unlink(temporary, dir_fd=self.fd)
+            except OSError:
+                pass
+        os.fsync(self.fd)
+
+    def write_record(self, name, record):
+        # type: (str, Dict[str, Any]) -> None
+        """Keep a small JSON record (written whole, see :meth:`write_new`)."""
+        self.write_new(name, json.dumps(record, sort_keys=True).encode("ascii"))
+
+    def read_record(self, name):
+        # type: (str) -> Optional[Dict[str, Any]]
+        """Return a record :meth:`write_record` kept, None if there is none; refuse one that
+        is not whole."""
+        raw = self.read(name)
+        if raw is None:
+            return None
+        try:
+            record = json.loads(raw.decode("ascii"))
+        except ValueError:
+            record = None
+        if not isinstance(record, dict):
+            raise StepFailed("state file %s/%s is not whole: not trusted" % (show(self.path),
+                                                                             name))
+        return record
+
+    def write_backup(self, name, data, record):
+        # type: (str, bytes, Dict[str, Any]) -> None
+        """Keep ``data`` under ``name`` and, last, its record with its size and digest:
+        the record's presence says the backup is whole."""
+        self.write_new(name, data)
+        record = dict(record, size=len(data), sha256=hashlib.sha256(data).hexdigest())
+        self.write_record(name + ".meta", record)
+
+    def read_backup(self, name):
+        # type: (str) -> Optional[Tuple[bytes, Dict[str, Any]]]
+        """Return a backup and its record, None if there is none; refuse one whose bytes
+        are not those its record describes (cut short, or changed since)."""
+        record = self.read_record(name + ".meta")
+        if record is None:
+            if self.has(name):
+                raise StepFailed("state file %s/%s has no record (cut short?): not trusted"
+                                 % (show(self.path), name))
+            return None
+        data = self.read(name)
+        if data is None or len(data) != record.get("size") \
+                or hashlib.sha256(data).hexdigest() != record.get("sha256"):
+            raise StepFailed("state file %s/%s is not the backup its record describes (cut "
+                             "short or changed): not trusted" % (show(self.path), name))
+        return data, record
+
+    def discard(self, name):
+        # type: (str) -> None
+        """Remove a state file (a backup left unfinished by an earlier run)."""
+        try:
+            os.unlink(name, dir_fd=self.fd)
+        except FileNotFoundError:
+            pass
 
     def save_once(self, name, data):
         # type: (str, bytes) -> None
-        """Keep ``data`` under ``name`` unless a first run kept it already."""
-        if not self.has(name):
-            self.write_new(name, data)
+        """Keep ``data`` under ``name`` unless a first run kept it whole already."""
+        if self.has(name + ".meta"):
+            return
+        self.discard(name)  # an earlier run stopped before its record: nothing changed since
+        self.write_backup(name, data, {})
 
     def append(self, name, data):
         # type: (str, bytes) -> None
@@ -319,6 +409,56 @@ class State:
             if fd >= 0:
                 os.close(fd)
         self.fd = self.key_fd = -1
+
+
+#: FS_IOC_GETVERSION, _IOR('v', 1, long) (linux/fs.h) as x86 and arm number it.
+_FS_IOC_GETVERSION = (2 << 30) | (struct.calcsize("l") << 16) | (ord("v") << 8) | 1
+
+
+def _generation(fd):
+    # type: (int) -> Optional[int]
+    """Return an open file's inode generation, or None where the file system has none.
+
+    An inode number is reused as soon as its file is removed: a file the tenant made
+    after removing the fixed one often gets its number. The generation (ext4, XFS, btrfs,
+    tmpfs) tells them apart.
+    """
+    try:
+        buffer = bytearray(8)
+        fcntl.ioctl(fd, _FS_IOC_GETVERSION, buffer)
+    except (OSError, ValueError):
+        return None
+    return int(struct.unpack("=I", bytes(buffer[:4]))[0])
+
+
+def _identity(st, fd=-1):
+    # type: (os.stat_result, int) -> Dict[str, Any]
+    """Return what identifies a file and what it may do: its inode (and the inode's
+    generation, given an open descriptor), owner and mode."""
+    record = {"dev": st.st_dev, "ino": st.st_ino, "uid": st.st_uid, "gid": st.st_gid,
+              "mode": stat.S_IMODE(st.st_mode)}  # type: Dict[str, Any]
+    generation = _generation(fd) if fd >= 0 else None
+    if generation is not None:
+        record["gen"] = generation
+    return record
+
+
+def _int(record, key):
+    # type: (Dict[str, Any], str) -> int
+    value = record.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise StepFailed("the saved state lacks the file's %s: not restored" % key)
+    return value
+
+
+def _same(st, record, fd=-1):
+    # type: (os.stat_result, Dict[str, Any], int) -> bool
+    """Return whether ``st`` (of the open ``fd``) is the inode a record names."""
+    if (st.st_dev, st.st_ino) != (_int(record, "dev"), _int(record, "ino")):
+        return False
+    if "gen" in record and fd >= 0:
+        return bool(_generation(fd) == record["gen"])
+    return True
 
 
 # -- text edits, byte for byte as the live host's bash does them ---------------------------
@@ -491,16 +631,34 @@ class Applier:
 
     def backup(self, step_id, path):
         # type: (str, str) -> None
-        """Keep a file's bytes and mode (or that it was absent) before its first change."""
+        """Keep a file's bytes, owner, mode and inode (or that it was absent) before its
+        first change; the rollback restores only onto that very file."""
         self.state.init(self.rollback_text)
-        if self.state.has(step_id + ".orig") or self.state.has(step_id + ".absent"):
+        if self.state.has(step_id + ".orig.meta") or self.state.has(step_id + ".absent"):
             return
-        st = self.regular(path, missing_ok=True)
-        if st is None:
+        # A backup without its record was cut short (ENOSPC, a crash) before the file was
+        # changed: it is taken again, never trusted.
+        self.state.discard(step_id + ".orig")
+        if self.regular(path, missing_ok=True) is None:
             self.state.write_new(step_id + ".absent", b"")
             return
-        self.state.write_new(step_id + ".mode", ("%o" % stat.S_IMODE(st.st_mode)).encode())
-        self.state.write_new(step_id + ".orig", self.read(path))
+        fd = self.tree.open_regular(path)  # the bytes and the identity of one inode
+        try:
+            st = os.fstat(fd)
+            data = read_fd(fd, MAX_FILE + 1)
+            identity = _identity(st, fd)
+        finally:
+            os.close(fd)
+        if len(data) > MAX_FILE:
+            raise StepFailed("%s is larger than %d MiB: not edited" % (show(path),
+                                                                       MAX_FILE >> 20))
+        self.state.write_backup(step_id + ".orig", data, identity)
+
+    def made(self, step_id, identity):
+        # type: (str, Dict[str, Any]) -> None
+        """Record which inode the fix left at a step's path (what the rollback may touch)."""
+        self.state.discard(step_id + ".after")
+        self.state.write_record(step_id + ".after", identity)
 
     def ensure_dir(self, path):
         # type: (str) -> None
@@ -518,8 +676,17 @@ class Applier:
                 raise StepFailed("%s is not a directory: nothing made below it" % show(current))
 
     def write_in_place(self, path, data):
-        # type: (str, bytes) -> None
-        self.tree.write(path, data)
+        # type: (str, bytes) -> Dict[str, Any]
+        """Make a regular file hold ``data``, its inode, owner and mode kept; return its
+        identity (:func:`_identity`)."""
+        fd = self.tree.open_regular(path, os.O_WRONLY, single_link=True)
+        try:
+            identity = _identity(os.fstat(fd), fd)
+            os.ftruncate(fd, 0)
+            write_fd(fd, data)
+        finally:
+            os.close(fd)
+        return identity
 
     # the steps -------------------------------------------------------------------------
 
@@ -663,10 +830,11 @@ class Applier:
         self.backup(a["id"], path)
         self.ensure_dir(path.rpartition("/")[0])
         if st is not None:
-            self.write_in_place(path, content)
+            self.made(a["id"], self.write_in_place(path, content))
         else:
             fd = self.tree.create(path, int(a.get("mode") or "0644", 8))
             try:
+                self.made(a["id"], _identity(os.fstat(fd), fd))
                 write_fd(fd, content)
             finally:
                 os.close(fd)
@@ -686,7 +854,7 @@ class Applier:
             raise StepFailed("%s:%d changed since the audit (%s): not edited" % (
                 show(path), number, show(cur)))
         self.backup(a["id"], path)
-        self.write_in_place(path, replaced_line(data, number, new))
+        self.made(a["id"], self.write_in_place(path, replaced_line(data, number, new)))
         self.changed("%s:%d: %s -> %s" % (show(path), number, show(old), show(new)))
 
     def insert_line(self, a):
@@ -702,7 +870,7 @@ class Applier:
             raise StepFailed("%s:%d changed since the audit (%s): not edited" % (
                 show(path), after, show(line_at(data, after))))
         self.backup(a["id"], path)
-        self.write_in_place(path, inserted_line(data, after, text))
+        self.made(a["id"], self.write_in_place(path, inserted_line(data, after, text)))
         self.changed("%s:%d: added %s" % (show(path), after + 1, show(text)))
 
     def append_line(self, a):
@@ -715,7 +883,7 @@ class Applier:
             return
         self.backup(a["id"], path)
         tail = b"\n" if data and not data.endswith(b"\n") else b""
-        self.write_in_place(path, data + tail + text + b"\n")
+        self.made(a["id"], self.write_in_place(path, data + tail + text + b"\n"))
         self.changed("%s: added %s" % (show(path), show(text)))
 
     def make_symlink(self, a):
@@ -731,16 +899,20 @@ class Applier:
         self.state.init(self.rollback_text)
         self.ensure_dir(path.rpartition("/")[0])
         self.tree.symlink(path, target)
-        self.state.save_once(a["id"] + ".created", b"")
+        made = self.tree.lstat(path)
+        self.state.discard(a["id"] + ".created")
+        self.state.write_backup(a["id"] + ".created", b"", {} if made is None else
+                                _identity(made))
         self.changed("linked %s -> %s" % (show(path), show(target)))
 
     # undoing ---------------------------------------------------------------------------
 
     def restore_value(self, a):
         # type: (Dict[str, Any]) -> None
-        saved = self.state.read(a["id"] + ".old")
-        if saved is None:
+        backup = self.state.read_backup(a["id"] + ".old")
+        if backup is None:
             return
+        saved = backup[0]
         self.regular(a["path"])
         self.write_in_place(a["path"], saved)
         say("restored %s to %s" % (show(a["path"]), show(strip_newline(saved))))
@@ -759,9 +931,10 @@ class Applier:
 
     def restore_pci_bits(self, a):
         # type: (Dict[str, Any]) -> None
-        saved = self.state.read(a["id"] + ".old")
-        if saved is None:
+        backup = self.state.read_backup(a["id"] + ".old")
+        if backup is None:
             return
+        saved = backup[0]
         old = strip_newline(saved).decode("ascii", "replace")
         if not (_HEX.match(old) and _HEX.match(a["mask"])):
             raise StepFailed("saved value of %s %s is unreadable" % (a["address"],
@@ -777,28 +950,84 @@ class Applier:
 
     def restore_file(self, a):
         # type: (Dict[str, Any]) -> None
-        path = a["path"]
-        original = self.state.read(a["id"] + ".orig")
-        if original is not None:
-            st = self.regular(path, missing_ok=True)
-            if st is not None:
-                self.write_in_place(path, original)
-            else:
-                mode = int((self.state.read(a["id"] + ".mode") or b"644").decode("ascii"), 8)
-                fd = self.tree.create(path, mode & 0o7777)
+        """Put a file back as the fix found it, only onto the inode the fix left there.
+
+        Whoever owns the sysroot may have removed or replaced the file since: a file of
+        another inode or owner is left alone (the backup stays for the operator), and a
+        removed one is made again as its old owner, without setuid or setgid bits, so a
+        rollback run as root never makes a privileged program of a tenant's bytes.
+        """
+        path, step_id = a["path"], a["id"]
+        backup = self.state.read_backup(step_id + ".orig")
+        if backup is not None:
+            original, record = backup
+            after = self.state.read_record(step_id + ".after") or record
+            if self.regular(path, missing_ok=True) is not None:
+                self._restore_in_place(path, original, record, after)
+                say("restored %s" % show(path))
+                return
+            mode = _int(record, "mode") & 0o777  # never setuid, setgid or sticky
+            fd = self.tree.create(path, 0o600)
+            try:
+                write_fd(fd, original)
+                os.fchown(fd, _int(record, "uid"), _int(record, "gid"))
+                os.fchmod(fd, mode)
+            finally:
+                os.close(fd)
+            dropped = _int(record, "mode") & 0o7000
+            say("restored %s (removed since the fix: made again, owner %d:%d, mode %04o%s)" % (
+                show(path), _int(record, "uid"), _int(record, "gid"), mode,
+                ", its old %04o bits dropped" % dropped if dropped else ""))
+        elif self.state.has(step_id + ".absent"):
+            made = self.state.read_record(step_id + ".after")
+            st = self.tree.lstat(path)
+            if st is None:
+                return
+            same = False
+            if made is not None and stat.S_ISREG(st.st_mode):
+                fd = self.tree.open_regular(path)
                 try:
-                    write_fd(fd, original)
+                    same = _same(os.fstat(fd), made, fd)
                 finally:
                     os.close(fd)
-            say("restored %s" % show(path))
-        elif self.state.has(a["id"] + ".absent"):
+            if not same:
+                raise StepFailed("%s is not the file the fix made (replaced since): not "
+                                 "removed" % show(path))
             self.tree.unlink(path)
             say("removed %s" % show(path))
 
+    def _restore_in_place(self, path, original, record, after):
+        # type: (str, bytes, Dict[str, Any], Dict[str, Any]) -> None
+        """Write a backup back into the very inode the fix left, owner and mode checked."""
+        fd = self.tree.open_regular(path, os.O_WRONLY, single_link=True)
+        try:
+            now = os.fstat(fd)
+            if not _same(now, after, fd) or now.st_uid != _int(record, "uid") \
+                    or now.st_gid != _int(record, "gid"):
+                raise StepFailed(
+                    "%s was replaced since the fix (owner %d:%d, inode %d; the fix left "
+                    "%d:%d, inode %d): not restored; the backup stays in %s" % (
+                        show(path), now.st_uid, now.st_gid, now.st_ino, _int(record, "uid"),
+                        _int(record, "gid"), _int(after, "ino"), show(self.state.path)))
+            if now.st_mode & 0o6000 & ~_int(record, "mode"):
+                raise StepFailed("%s is setuid or setgid now, which it was not: not restored"
+                                 % show(path))
+            os.ftruncate(fd, 0)
+            write_fd(fd, original)
+        finally:
+            os.close(fd)
+
     def remove_symlink(self, a):
         # type: (Dict[str, Any]) -> None
-        if not self.state.has(a["id"] + ".created"):
+        backup = self.state.read_backup(a["id"] + ".created")
+        if backup is None:
             return
+        st = self.tree.lstat(a["path"])
+        if st is None:
+            return
+        if backup[1] and not _same(st, backup[1]):
+            raise StepFailed("%s is not the link the fix made (replaced since): not removed"
+                             % show(a["path"]))
         self.tree.unlink(a["path"], (stat.S_IFLNK,))
         say("removed %s" % show(a["path"]))
 
