@@ -919,9 +919,10 @@ class Applier:
 
     def restore_selector(self, a):
         # type: (Dict[str, Any]) -> None
-        saved = self.state.read(a["id"] + ".old")
-        if saved is None:
+        backup = self.state.read_backup(a["id"] + ".old")
+        if backup is None:
             return
+        saved = backup[0]
         word = strip_newline(saved).decode("utf-8", "replace")
         if parse_selector("[%s]" % word) is None:
             raise StepFailed("saved selection of %s is unreadable" % show(a["path"]))
