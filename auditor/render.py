@@ -244,17 +244,28 @@ def render_reports(
     *,
     fail_on: FailOn = FailOn.FAIL,
     colour: bool = False,
+    incomplete: str = "",
 ) -> str:
-    """Render the reports of one or more hosts in a format."""
+    """Render the reports of one or more hosts in a format.
+
+    ``incomplete`` (the signal that stopped the run) marks a report whose hosts were not all
+    audited; those hosts are error entries whose error starts ``not audited``.
+    """
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}")
     if fmt == "json":
         documents = [r.to_dict() for r in reports]
-        body: Any = documents[0] if len(documents) == 1 else {
-            "hosts": documents,
-            "summary": _fleet_summary(reports),
-        }
+        if len(documents) == 1 and not incomplete:
+            body: Any = documents[0]
+        else:
+            body = {"hosts": documents, "summary": _fleet_summary(reports, incomplete)}
         return json.dumps(body, indent=2, ensure_ascii=False) + "\n"
+    if incomplete and fmt == "text":
+        missing = not_audited(reports)
+        head = (f"INCOMPLETE: stopped by {incomplete}; {len(reports) - len(missing)} of "
+                f"{len(reports)} hosts audited; not audited: {', '.join(missing) or 'none'}")
+        return one_line(head) + "\n\n" + render_reports(reports, fmt, fail_on=fail_on,
+                                                         colour=colour)
     if fmt == "prometheus":
         from auditor.prom import render_prometheus
 
@@ -280,10 +291,24 @@ def render_reports(
     )
 
 
-def _fleet_summary(reports: Sequence[Report]) -> dict[str, Any]:
+#: How the error of a host a stopped run never audited starts.
+NOT_AUDITED = "not audited"
+
+
+def not_audited(reports: Sequence[Report]) -> list[str]:
+    """Return the names of the hosts a stopped run did not audit."""
+    return [r.label for r in reports if r.error.startswith(NOT_AUDITED)]
+
+
+def _fleet_summary(reports: Sequence[Report], incomplete: str = "") -> dict[str, Any]:
     findings = count_by_status(f.status for r in reports for f in r.findings if not f.waived)
     findings["waived"] = sum(r.waived for r in reports)
+    marks: dict[str, Any] = {}
+    if incomplete:
+        marks = {"incomplete": True, "stopped_by": incomplete,
+                 "not_audited": not_audited(reports)}
     return {
+        **marks,
         "hosts": len(reports),
         "targets": len(reports) + sum(len(r.aliases) for r in reports),
         "unreachable": sum(1 for r in reports if r.error),

@@ -448,8 +448,10 @@ class FleetAudit:
         """Audit a share of the hosts in a worker process, sending (index, report) pairs."""
         import signal
 
-        # Ctrl-C reaches the whole process group: the parent decides, and ends the workers.
+        # Ctrl-C (and a SIGTERM sent to the group) reaches every process: the parent
+        # decides, reports, and ends the workers (SIGKILL: they ignore both).
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         self._processes = []
         # The run's memory budget is shared out: each worker holds its share.
         from auditor.hosts.ssh import MemoryBudget
@@ -495,7 +497,7 @@ class FleetAudit:
             self._stopping.set()
             for process, _, _ in self._processes:
                 if process.is_alive():
-                    process.terminate()  # its connections close with it
+                    process.kill()  # its connections close with it
             for process, _, _ in self._processes:
                 process.join()
             raise

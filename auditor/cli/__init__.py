@@ -9,7 +9,9 @@ what they share (options, the error -> exit code table, output) is
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any
 
@@ -21,7 +23,15 @@ from typer._click.exceptions import ClickException, NoArgsIsHelpError
 
 from auditor import __version__
 from auditor.cli import fleet, host, local, probe
-from auditor.cli.options import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from auditor.cli.options import (
+    EXIT_INTERNAL,
+    EXIT_OK,
+    EXIT_USAGE,
+    Terminated,
+    interrupted_exit,
+    raise_terminated,
+    signal_name,
+)
 from auditor.text import printable
 
 #: Every command, by name: the one table both command lines below are built from.
@@ -81,6 +91,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     # command): a command named first is run from a command line holding only it (its
     # help, options and errors are the same); anything else gets the whole one.
     chosen = build(args[0]) if args and args[0] in COMMANDS else app
+    # SIGTERM (a scheduler's time limit, systemd stopping a unit, kill) stops the run as
+    # Ctrl-C does, so what was done is reported as such (exit 143), never lost in silence.
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        return _run(chosen, args)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _run(chosen: typer.Typer, args: list[str]) -> int:
+    """Run a command line; turn every way it ends into an exit code and at most one line."""
     try:
         # Not standalone: a bad command line comes back as an exception, said in one line.
         code = chosen(args=args, prog_name="audit", standalone_mode=False)
@@ -100,9 +124,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:
         code = exc.code
         return code if isinstance(code, int) else (0 if code is None else EXIT_USAGE)
-    except KeyboardInterrupt:
-        print("audit: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as exc:
+        print(f"audit: {'terminated' if isinstance(exc, Terminated) else 'interrupted'} "
+              f"({signal_name(exc)})", file=sys.stderr)
+        return interrupted_exit(exc)
     except BrokenPipeError:
         # The reader went away (``audit ... | head``): not an error of the audit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -10,6 +10,7 @@ does not pay for them.
 
 from __future__ import annotations
 
+import datetime as dt
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Annotated
@@ -17,7 +18,6 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from auditor.cli.options import (
-    EXIT_INTERRUPTED,
     EXIT_USAGE,
     AcceptNewOpt,
     AuditOptions,
@@ -42,9 +42,11 @@ from auditor.cli.options import (
     emit,
     fatal,
     handle_errors,
+    interrupted_exit,
     note,
     prepare,
     say,
+    signal_name,
     ssh_options,
 )
 from auditor.errors import UsageError
@@ -56,6 +58,7 @@ if TYPE_CHECKING:
     from auditor.cli.fix import FixRequest
     from auditor.hosts.ssh import SshOptions, SshTarget
     from auditor.policy import Policy
+    from auditor.runner import FleetAudit
 
 
 def _progress(total: int) -> tuple[Callable[[Report], None] | None, Callable[[], None]]:
@@ -96,6 +99,34 @@ def progress_line(report: Report) -> str:
                        if name in timing)
     return (f"{one_line(report.identity)}: {report.status.value} "
             f"({report.duration_s:.2f} s{': ' + phases if phases else ''})")
+
+
+def _stopped(fleet: FleetAudit, wanted: Sequence[SshTarget], options: AuditOptions,
+             interruption: KeyboardInterrupt) -> int:
+    """Report a fleet stopped by SIGINT or SIGTERM as such; return 130 or 143.
+
+    The hosts finished are reported as usual; each host not audited is an error entry
+    (``not audited: stopped by SIGTERM``), and the report is marked incomplete.
+    """
+    from auditor.render import NOT_AUDITED
+    from auditor.runner import _error_report
+
+    signal = signal_name(interruption)
+    finished = list(fleet.reports)
+    done = sum(1 for r in finished if r is not None)
+    reports = [
+        report if report is not None else _error_report(
+            target, dt.datetime.now(dt.timezone.utc), 0.0,
+            f"{NOT_AUDITED}: the run was stopped by {signal}", f"ssh://{target.host}")
+        for target, report in zip(wanted, finished, strict=True)
+    ]
+    say(f"audit: {'terminated' if signal == 'SIGTERM' else 'interrupted'} ({signal}): {done} of "
+        f"{len(wanted)} hosts audited; the report lists the rest as not audited")
+    try:
+        emit(reports, options, incomplete=signal)
+    except typer.Exit:
+        pass  # the output could not be written: said on stderr; the signal's code stands
+    return interrupted_exit(interruption)
 
 
 def _fix_remote(target: SshTarget, options: SshOptions, checks: Sequence[CheckClass],
@@ -204,20 +235,13 @@ def host_command(
                        on_note=lambda line: say(f"audit: warning: {printable(line)}"))
     fleet.start()  # fork any workers before the progress bar starts its thread
     on_done, stop_progress = _progress(len(wanted))
-    interrupted = False
     try:
         reports = fleet.run(on_done)
-    except KeyboardInterrupt:
-        interrupted = True
-        reports = [r for r in fleet.reports if r is not None]
+    except KeyboardInterrupt as exc:
+        stop_progress()
+        raise typer.Exit(_stopped(fleet, wanted, options, exc)) from None
     finally:
         stop_progress()
-    if interrupted:
-        print(f"audit: interrupted: {len(reports)} of {len(wanted)} hosts audited",
-              file=sys.stderr)
-        if reports:
-            emit(reports, options)
-        raise typer.Exit(EXIT_INTERRUPTED)
     if not reports:
         fatal("no host was audited", EXIT_USAGE)
     raise typer.Exit(emit(reports, options))

@@ -4,7 +4,7 @@ Exit codes: 0 nothing at or above ``--fail-on``; 1 findings at or above it (or a
 fix that failed or was refused); 2 usage error (unknown check id, bad option,
 unreadable root, policy or inventory); 3 a target could not be audited; 4 an
 internal error (a defect of host-auditor; ``--debug`` shows the traceback);
-130 interrupted.
+130 interrupted (SIGINT), 143 terminated (SIGTERM).
 """
 
 from __future__ import annotations
@@ -31,6 +31,28 @@ if TYPE_CHECKING:
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_INTERNAL = 0, 1, 2, 3, 4
 EXIT_INTERRUPTED = 130
+#: Terminated by SIGTERM (128 + 15, as a shell reports a process SIGTERM ended).
+EXIT_TERMINATED = 143
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived: the run stops as on Ctrl-C (connections closed, the hosts finished
+    reported, the rest listed as not audited) and exits 143."""
+
+
+def raise_terminated(signum: int, frame: object) -> None:
+    """The SIGTERM handler: stop the run where it is, in the main thread."""
+    raise Terminated()
+
+
+def signal_name(interruption: KeyboardInterrupt) -> str:
+    """Return which signal stopped the run: ``SIGTERM`` or ``SIGINT``."""
+    return "SIGTERM" if isinstance(interruption, Terminated) else "SIGINT"
+
+
+def interrupted_exit(interruption: KeyboardInterrupt) -> int:
+    """Return the exit code of a run stopped by a signal: 143 for SIGTERM, 130 for SIGINT."""
+    return EXIT_TERMINATED if isinstance(interruption, Terminated) else EXIT_INTERRUPTED
 
 #: Each error class's exit code, most specific first: the one place errors become codes.
 EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
@@ -409,11 +431,13 @@ def exit_code(reports: Sequence[Report], fail_on: FailOn) -> int:
     return max(codes, default=EXIT_OK)
 
 
-def emit(reports: Sequence[Report], options: AuditOptions) -> int:
+def emit(reports: Sequence[Report], options: AuditOptions, incomplete: str = "") -> int:
     """Render and write the reports (several hosts: and the fleet table); return the exit code.
 
     Several hosts are reported one machine once (:func:`auditor.fleet.one_per_machine`);
-    the exit code counts every target.
+    the exit code counts every target. ``incomplete`` (the signal that stopped the run)
+    marks the report as such: JSON's ``summary`` says ``incomplete`` and lists the hosts
+    ``not_audited`` (each also an error entry), text opens with it.
     """
     from auditor.render import render_fleet_table, render_reports
 
@@ -439,7 +463,8 @@ def emit(reports: Sequence[Report], options: AuditOptions) -> int:
         write_output(render_merge(view_of_reports(reports), "html"), options.output, reports)
         return code
     with handle_errors(options.debug):
-        text = render_reports(reports, options.fmt, fail_on=options.fail_on, colour=colour)
+        text = render_reports(reports, options.fmt, fail_on=options.fail_on, colour=colour,
+                              incomplete=incomplete)
     if options.fmt == "text" and len(reports) > 1:
         text += "\n" + render_fleet_table(reports, colour=colour)
     write_output(text, options.output, reports)

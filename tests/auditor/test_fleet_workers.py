@@ -116,6 +116,8 @@ def test_ctrl_c_stops_and_keeps_what_was_finished(ssh_env: SshEnv, workers: str)
         silent.close()
     assert time.monotonic() - started < 5
     assert process.returncode == 130
-    assert "interrupted: 1 of 2 hosts audited" in err
+    assert "interrupted (SIGINT): 1 of 2 hosts audited" in err
     assert "Traceback" not in err
     assert "numa.balancing" in out
+    assert out.startswith("INCOMPLETE: stopped by SIGINT; 1 of 2 hosts audited; not audited: "
+                          f"127.0.0.1:{silent.port}\n")
