@@ -20,8 +20,6 @@ from __future__ import annotations
 import datetime as dt
 import os
 import re
-import secrets
-import stat
 from collections.abc import Sequence
 
 from auditor.model import PROBLEMS, Finding, Report, Severity, Status, fingerprint
@@ -190,42 +188,11 @@ def render_nfd(reports: Sequence[Report], *, now: dt.datetime | None = None) -> 
 def write_atomic(path: str, text: str) -> None:
     """Write ``text`` to ``path`` through a dot-file beside it and a rename.
 
-    Only a regular file (or a new one) is replaced: a device, FIFO or other special file
-    (``/dev/stdout``) is written in place. The new file is made ``0666 & ~umask``, so a
-    collector running as another user (node_exporter) can read it; a symlink is followed,
-    so the file it names is replaced, not the link. Raise OSError.
+    See :func:`auditor.outfile.write_file`: the new file is made ``0666 & ~umask`` (a
+    collector running as another user, node_exporter, can read it); a symlink is followed
+    only when it is our own; a device, FIFO or other special file there, a symlink of
+    another user, or a directory others may change is refused. Raise OSError.
     """
-    if os.path.islink(path):
-        path = os.path.realpath(path)
-    try:
-        existing = os.stat(path)
-    except FileNotFoundError:
-        existing = None
-    if existing is not None and not stat.S_ISREG(existing.st_mode):
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        return
-    directory, name = os.path.split(path)
-    temporary = os.path.join(directory, f".{name}.{secrets.token_hex(4)}.tmp")
-    try:
-        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
-                             0o666)
-    except PermissionError:
-        if existing is None:
-            raise
-        # A file we may write in a directory we may not: write it in place.
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        return
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
-        raise
+    from auditor.outfile import write_text
+
+    write_text(path, text)

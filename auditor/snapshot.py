@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import gzip
 import io
-import os
 import re
 import sys
 import tarfile
-import tempfile
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -51,23 +49,17 @@ class Capture:
 
 
 def write_capture(output: str, data: bytes) -> None:
-    """Write a capture to ``output`` atomically (``-``: stdout)."""
+    """Write a capture to ``output`` atomically (``-``: stdout), never through another
+    user's symlink or onto a device (:func:`auditor.outfile.write_file`)."""
     if output == "-":
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
         return
-    directory = os.path.dirname(os.path.abspath(output))
+    from auditor.outfile import write_file
+
     try:
-        fd, temporary = tempfile.mkstemp(prefix=".snapshot-", suffix=".tmp", dir=directory)
+        write_file(output, data, 0o644)
     except OSError as exc:
-        raise UsageError(f"{output}: cannot write capture ({exc.strerror})") from exc
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, output)
-    except OSError as exc:
-        os.unlink(temporary)
         raise UsageError(f"{output}: cannot write capture ({exc.strerror})") from exc
 
 

@@ -66,10 +66,11 @@ def default_rollback_path(fix_script: str) -> str:
 
 
 def _write(path: str, text: str) -> None:
+    """Write a script whole, never through another user's symlink or onto a device."""
+    from auditor.outfile import write_text
+
     try:
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.chmod(path, 0o755)  # noqa: S103 - a script the operator runs
+        write_text(path, text, 0o755)  # a script the operator runs
     except OSError as exc:
         raise UsageError(f"{path}: cannot write script ({exc.strerror})") from exc
 

@@ -52,32 +52,93 @@ def _read_file(real: str | bytes, limit: int) -> bytes:
 APPLY_LIMIT_S = 600.0
 
 
+def _script_descriptor(script: str) -> int:
+    """Return a descriptor holding the script that only this process can change.
+
+    A sealed memfd where the kernel has one (nothing on a file system at all); else an
+    unnamed file in a directory only we may write (``O_TMPFILE``), else one made and
+    unlinked at once there. Never a name in ``$TMPDIR``: under ``sudo -E`` that is
+    another user's directory, where the script could be renamed over before bash reads it.
+    """
+    import fcntl
+
+    data = script.encode("utf-8")
+    memfd_create = getattr(os, "memfd_create", None)
+    if memfd_create is not None:
+        try:
+            fd = int(memfd_create("host-auditor-fix", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING))
+        except OSError:
+            fd = -1
+        if fd >= 0:
+            try:
+                _write_all(fd, data)
+                seals = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW \
+                    | fcntl.F_SEAL_WRITE
+                fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+                return fd
+            except BaseException:
+                os.close(fd)
+                raise
+    fd = _private_file()
+    try:
+        _write_all(fd, data)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _private_file() -> int:
+    """Return an unnamed file, opened for writing, in a directory nobody else may write."""
+    home = os.path.expanduser("~")
+    for directory in ("/run", "/dev/shm", home):
+        try:
+            st = os.stat(directory)
+        except OSError:
+            continue
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            continue
+        try:
+            return os.open(directory, os.O_RDWR | os.O_TMPFILE | os.O_CLOEXEC, 0o600)
+        except OSError:
+            continue
+    from auditor.errors import UsageError
+
+    raise UsageError("--apply: no place only this user may write to hold the fix script "
+                     "(no memfd, and /run and the home directory are not this user's alone)")
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def run_bash(script: str, *, timeout: float = APPLY_LIMIT_S) -> ScriptResult:
     """Run a script with this machine's bash; return its status and its output (stderr too).
 
-    The script is stopped (its whole process group) after ``timeout`` seconds.
+    bash reads the script from a descriptor this process made and holds
+    (:func:`_script_descriptor`), never from a file it would open again by name. The
+    script is stopped (its whole process group) after ``timeout`` seconds.
     """
-    import tempfile  # only to apply a fix: an audit never needs it
-
-    with tempfile.NamedTemporaryFile("w", suffix=".sh", prefix="host-auditor-fix-",
-                                     delete=False, encoding="utf-8") as handle:
-        handle.write(script)
-        path = handle.name
+    fd = _script_descriptor(script)
     try:
-        proc = subprocess.Popen(["bash", path], stdout=subprocess.PIPE,
+        # Inherited by bash alone (pass_fds), and read through /dev/fd: the very file.
+        os.lseek(fd, 0, os.SEEK_SET)
+        proc = subprocess.Popen(["bash", f"/dev/fd/{fd}"], stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-        try:
-            output, _ = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            output, _ = proc.communicate()
-            text = output.decode("utf-8", "replace")
-            return ScriptResult(124, text + f"host-auditor: error: the fix script was stopped "
-                                f"after {timeout:g} s\n")
+                                start_new_session=True, pass_fds=(fd,))
     finally:
-        os.unlink(path)
+        os.close(fd)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        text = output.decode("utf-8", "replace")
+        return ScriptResult(124, text + f"host-auditor: error: the fix script was stopped "
+                            f"after {timeout:g} s\n")
     return ScriptResult(proc.returncode, output.decode("utf-8", "replace"))
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from auditor import engines
+from auditor import engines, outfile
 from auditor.cli import main
 from auditor.model import PROBLEMS, Severity, Status
 from tests.support.factories import make_finding, make_report
@@ -251,18 +251,23 @@ def test_output_file_is_renamed_into_place_from_a_dot_file(
     target = features / "host-auditor"
     target.write_text("old labels\n")
     renames: list[tuple[str, str, str]] = []
-    real_replace = os.replace
+    real_rename = os.rename
 
-    def spy(src: str, dst: str) -> None:
-        renames.append((src, dst, Path(src).read_text()))
-        real_replace(src, dst)
+    def spy(src: str, dst: str, *, src_dir_fd: int, dst_dir_fd: int) -> None:
+        # The rename is done in the directory the writer holds open (outfile.write_file).
+        assert os.path.samestat(os.fstat(src_dir_fd), features.stat())
+        assert src_dir_fd == dst_dir_fd
+        fd = os.open(src, os.O_RDONLY, dir_fd=src_dir_fd)
+        with os.fdopen(fd) as handle:
+            renames.append((src, dst, handle.read()))
+        real_rename(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
 
-    monkeypatch.setattr(engines.os, "replace", spy)
+    monkeypatch.setattr(outfile.os, "rename", spy)
     code, out, _err = run(capsys, "local", "--root", str(CAPTURES["h200"]), "--format", "nfd",
                           "-o", str(target))
     assert code == 0 and out == ""
     [(src, dst, written)] = renames
-    assert dst == str(target) and Path(src).parent == features
+    assert dst == target.name and "/" not in src
     assert Path(src).name.startswith(".")  # NFD skips dot-files; a rename is atomic
     assert written == target.read_text() and "+expiry-time=" in written
     assert sorted(p.name for p in features.iterdir()) == ["host-auditor"]
@@ -276,13 +281,16 @@ def _umask() -> int:
     return current
 
 
-def test_output_to_a_special_file_is_written_in_place(tmp_path: Path) -> None:
+def test_output_to_a_special_file_is_refused(tmp_path: Path) -> None:
+    """A FIFO (or a device) where the report goes is never written: a write could hang, or
+    land on a disk (tests/hostile/test_output_paths.py plants the rest)."""
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
     reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
     try:
-        engines.write_atomic(str(fifo), "OK 6 checks\n")
-        assert os.read(reader, 100) == b"OK 6 checks\n"
+        with pytest.raises(OSError, match="not a regular file"):
+            engines.write_atomic(str(fifo), "OK 6 checks\n")
+        assert os.read(reader, 100) == b""
     finally:
         os.close(reader)
     assert fifo.is_fifo() and sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
