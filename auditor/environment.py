@@ -93,6 +93,16 @@ _CGROUP_CONTAINERS = (
 _WORD = lazy_re(r"[a-z0-9][a-z0-9._-]{0,31}")
 
 
+def cgroup_container(text: str) -> str:
+    """Return the container manager a ``/proc/PID/cgroup`` text places a process in, or ""."""
+    for line in text.splitlines()[:64]:
+        path = line.split(":", 2)[-1]
+        for marker, manager in _CGROUP_CONTAINERS:
+            if marker in path:
+                return manager
+    return ""
+
+
 @dataclass(frozen=True)
 class Environment:
     """Where the host's files were read: the machine's kind and the evidence for it."""

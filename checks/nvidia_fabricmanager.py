@@ -55,6 +55,8 @@ class NvidiaFabricmanager(Check[CheckOptions]):
         NVSWITCH_NODES,
         *PIDFILES,
         "/proc/[0-9]*/comm",
+        *nvidia.OWNER_READS,
+        "/proc/1/ns/pid",
         *units.reads(UNIT),
         *packages.DPKG_READS,
         *nvidia.DRIVER_READS,
@@ -72,6 +74,8 @@ class NvidiaFabricmanager(Check[CheckOptions]):
         "nvidia-fabricmanager, and hold both packages so they upgrade together."
     )
     events: ClassVar[frozenset[Trigger]] = frozenset({Trigger.GPU_MODULE, Trigger.PCI})
+    #: A snapshot keeps the daemon's /proc entries (owner, cgroup, namespace) to replay it.
+    daemons: ClassVar[frozenset[str]] = frozenset({COMM[:15]})
 
     def evaluate(self, host: Host) -> Iterable[Finding]:
         yield self._judge(host)
@@ -91,20 +95,33 @@ class NvidiaFabricmanager(Check[CheckOptions]):
                                 "is the host's; audit the host", evidence=ev)
         count = len(switches) or len(nodes)
         driver = nvidia.loaded_driver(host)
-        pid = nvidia.find_process(host, COMM, PIDFILES)
+        # A process of that name proves nothing by its name: it counts when it is the
+        # system's (its unit's cgroup, or root in the host's PID namespace).
+        seen = nvidia.sightings(host, COMM, PIDFILES, UNIT)
+        pid = next((s.pid for s in seen if s.verdict), None)
         unit = units.read_unit(host, UNIT)
         installed = package_version(host)
         operator = host.exists(nvidia.OPERATOR_ROOT)
         ev.update(unit=unit.path, enabled_by=" ".join(unit.enabled_by), pid=pid or "",
                   driver=driver.version if driver else "",
                   package=f"{installed[0]} {installed[1]}" if installed else "")
+        ignored = [s for s in seen if s.verdict is False]
+        if ignored:
+            ev["ignored"] = "; ".join(f"pid {s.pid} {s.why}" for s in ignored)[:512]
+        unknown = next((s for s in seen if s.verdict is None), None)
+        if pid is None and unknown is not None:
+            return self.skipped(
+                "fabricmanager", f"a process named {COMM} runs (pid {unknown.pid}) but "
+                f"{unknown.why}: whether fabric manager runs cannot be told", evidence=ev)
         if pid is None:
             missing = "not installed" if not (unit.installed or installed or operator) else \
                 "not running"
             return self.failed(
                 "fabricmanager", f"{count} NVSwitch(es) but fabric manager is {missing}: CUDA "
                 "initialisation fails with 'system not yet initialized' until it has trained "
-                "the fabric", observed=missing, expected="nv-fabricmanager running",
+                "the fabric" + (f" (a process of that name proves nothing: {ev['ignored']})"
+                                if ignored else ""),
+                observed=missing, expected="nv-fabricmanager running",
                 evidence=ev, fix=f"systemctl enable --now {UNIT.removesuffix('.service')}")
         if driver is None:
             return self.passed("fabricmanager", f"fabric manager runs (pid {pid}); no NVIDIA "

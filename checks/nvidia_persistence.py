@@ -57,6 +57,8 @@ class NvidiaPersistence(Check[CheckOptions]):
         *PIDFILES,
         "/proc/[0-9]*/comm",
         "/proc/[0-9]*/cmdline",
+        *nvidia.OWNER_READS,
+        "/proc/1/ns/pid",
         *units.reads(UNIT),
         *units.UNIT_DIRS,
         "/run",
@@ -78,6 +80,8 @@ class NvidiaPersistence(Check[CheckOptions]):
         "nvidia-smi -pm 1 turns persistence on until the next reboot."
     )
     events: ClassVar[frozenset[Trigger]] = frozenset({Trigger.GPU_MODULE})
+    #: A snapshot keeps the daemon's /proc entries (owner, cgroup, namespace) to replay it.
+    daemons: ClassVar[frozenset[str]] = frozenset({COMM[:15]})
 
     def evaluate(self, host: Host) -> Iterable[Finding]:
         yield self._judge(host)
@@ -93,7 +97,9 @@ class NvidiaPersistence(Check[CheckOptions]):
         if driver is None and not gpus:
             return self.skipped(COMM, "no NVIDIA driver loaded and no NVIDIA GPU")
         unit = units.read_unit(host, UNIT)
-        process = next((p for p in (nvidia.daemon(host, f, COMM) for f in PIDFILES) if p), None)
+        # Its pid file's process counts only as the system's (its unit's cgroup, or root).
+        process = next((p for p in (nvidia.daemon(host, f, COMM, UNIT) for f in PIDFILES)
+                        if p), None)
         udev = units.udev_starts(host, UNIT)
         ev: dict[str, str] = {"unit": unit.path, "exec_start": " ".join(unit.exec_start),
                               "exec_start_at": unit.exec_start_at,
@@ -117,6 +123,11 @@ class NvidiaPersistence(Check[CheckOptions]):
                 + f": nothing keeps the GPUs initialised across reboots; {_LEGACY}",
                 observed="not running", expected="running", evidence=ev)
         ev["pid"] = process.pid
+        if not process.vouched:
+            return self.skipped(
+                COMM, f"a process named {COMM} runs (pid {process.pid}) but its "
+                "/proc/<pid>/status was not read: whether it is the system's daemon cannot be "
+                "told", evidence=ev)
         if process.argv is not None:
             argv, source = process.argv, f"/proc/{process.pid}/cmdline"
         else:

@@ -306,13 +306,95 @@ class Daemon(NamedTuple):
     comm: str
     #: The arguments, or None where /proc/<pid>/cmdline could not be read.
     argv: tuple[str, ...] | None
+    #: What shows it is the system's daemon (its unit's cgroup, or root in the host's PID
+    #: namespace); "" where that cannot be told (/proc/<pid>/status was not read).
+    vouched: str = ""
 
 
-def daemon(host: Host, pidfile: str, comm: str) -> Daemon | None:
-    """Return the daemon a pid file names if that process runs under that name, else None.
+class Sighting(NamedTuple):
+    """A process running under a daemon's name, and whether it is that daemon."""
 
-    Reads only that one pid's ``comm`` and ``cmdline``, never another process's. ``comm``
-    is cut to 15 characters by the kernel (``TASK_COMM_LEN``), so ``comm`` is compared cut.
+    pid: str
+    #: True: the system's daemon; False: it proves nothing; None: cannot be told.
+    verdict: bool | None
+    #: Why, in a few words.
+    why: str
+
+
+#: What tells who runs a process, beside its name: its owner (``Uid:`` of status), its
+#: cgroup (a unit's own, or a container's) and its PID namespace against pid 1's.
+OWNER_READS: tuple[str, ...] = ("/proc/[0-9]*/status", "/proc/[0-9]*/cgroup",
+                                "/proc/[0-9]*/ns/pid")
+_UID_LINE = lazy_re(r"Uid:[ \t]+([0-9]{1,10})[ \t]+([0-9]{1,10})[ \t]+([0-9]{1,10})[ \t]+"
+                    r"([0-9]{1,10})")
+
+
+def _cgroup_path(text: str) -> str:
+    """Return a process's systemd cgroup: the v2 line's (``0::``), else v1 ``name=systemd``."""
+    lines = text.splitlines()[:64]
+    for line in lines:
+        if line.startswith("0::"):
+            return line[3:].strip()
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) == 3 and "name=systemd" in parts[1].split(","):
+            return parts[2].strip()
+    return ""
+
+
+def _system_unit_cgroup(path: str, unit: str) -> bool:
+    """Return whether a cgroup path is the system manager's ``unit``: ``/system.slice/UNIT``,
+    or below other slices, never below a user's (``user.slice``) or a delegated unit.
+
+    A user's own systemd (``user@UID.service``) and a unit with ``Delegate=`` may make
+    cgroups of any name below themselves; only slices are the system manager's alone.
+    """
+    parts = path.strip("/").split("/")
+    return (len(parts) >= 2 and parts[-1] == unit and parts[0] != "user.slice"
+            and all(part.endswith(".slice") for part in parts[:-1]))
+
+
+def vouch(host: Host, pid: str, unit: str = "") -> tuple[bool | None, str]:
+    """Return whether process ``pid`` is the system's daemon, and why.
+
+    A name proves nothing: any user, or any container, can run a process named
+    ``nv-fabricmanager``. The process counts when it runs in the system ``unit``'s own
+    cgroup (only root can place a process there: systemd started it from the unit; a
+    user's own systemd has cgroups of its own, below ``user.slice``), or as root (every
+    UID of ``status`` 0) outside any container's cgroup and in the host's own PID
+    namespace. A process of another user, in a container's cgroup or another PID
+    namespace does not. Where its ``status`` was not read it cannot be told (None).
+    """
+    from auditor.environment import cgroup_container
+
+    status = files.read_optional(host, f"/proc/{pid}/status")
+    if status is None:
+        return None, f"/proc/{pid}/status was not read: who runs it cannot be told"
+    uids = _UID_LINE.search(status[:8192])
+    if uids is None:
+        return False, f"/proc/{pid}/status names no owner"
+    cgroup = (files.read_optional(host, f"/proc/{pid}/cgroup") or "")[:16384]
+    manager = cgroup_container(cgroup)
+    if manager:
+        return False, f"runs in a {manager} container's cgroup"
+    own, init = host.lstat(f"/proc/{pid}/ns/pid"), host.lstat("/proc/1/ns/pid")
+    if own is not None and init is not None and own.kind == init.kind == "link" \
+            and own.target != init.target:
+        return False, "runs in another PID namespace than pid 1"
+    if unit and _system_unit_cgroup(_cgroup_path(cgroup), unit):
+        return True, f"in {unit}'s cgroup"
+    if all(uid == "0" for uid in uids.groups()):
+        return True, "run by root"
+    return False, f"run by uid {uids.group(2)}, not root, outside {unit or 'its unit'}"
+
+
+def daemon(host: Host, pidfile: str, comm: str, unit: str = "") -> Daemon | None:
+    """Return the daemon a pid file names if that process is the daemon, else None.
+
+    That process must run under the name (``comm``, cut to 15 characters by the kernel:
+    ``TASK_COMM_LEN``) and be the system's (:func:`vouch`): None where it is another
+    user's or a container's; ``vouched`` "" where that cannot be told. Reads only that one
+    pid's files, never another process's.
     """
     text = (files.read_optional(host, pidfile) or "")[:32].strip()
     if not _PID.fullmatch(text):
@@ -320,30 +402,51 @@ def daemon(host: Host, pidfile: str, comm: str) -> Daemon | None:
     name = (files.read_optional(host, f"/proc/{text}/comm") or "")[:64]
     if name != comm[:15]:
         return None
+    verdict, why = vouch(host, text, unit)
+    if verdict is False:
+        return None
     argv: tuple[str, ...] | None = None
     raw = files.read_bytes(host, f"/proc/{text}/cmdline", 1 << 16)
     if raw:
         argv = tuple(a.decode("utf-8", "replace")[:1024]
                      for a in raw.rstrip(b"\0").split(b"\0")[:256])
-    return Daemon(text, name, argv)
+    return Daemon(text, name, argv, why if verdict else "")
 
 
 def daemon_reads(pidfile: str) -> tuple[str, ...]:
     """Return the paths :func:`daemon` reads for one pid file."""
-    return (pidfile, "/proc/[0-9]*/comm", "/proc/[0-9]*/cmdline")
+    return (pidfile, "/proc/[0-9]*/comm", "/proc/[0-9]*/cmdline", *OWNER_READS,
+            "/proc/1/ns/pid")
 
 
-def find_process(host: Host, comm: str, pidfiles: tuple[str, ...] = ()) -> str | None:
-    """Return the pid of a process named ``comm`` (its pid file first, then /proc), or None.
+def sightings(host: Host, comm: str, pidfiles: tuple[str, ...] = (), unit: str = ""
+              ) -> list[Sighting]:
+    """Return the processes running under ``comm`` (their pid files' first, then /proc), each
+    with whether it is the system's daemon (:func:`vouch`).
 
-    Only ``comm`` files are read (the name, cut to 15 characters), never command lines.
+    Only ``comm`` files are read to find them (the name, cut to 15 characters), never
+    command lines; then each one's owner, cgroup and PID namespace.
     """
-    for pidfile in pidfiles:
-        found = daemon(host, pidfile, comm)
-        if found is not None:
-            return found.pid
     cut = comm[:15]
-    for path in host.glob("/proc/[0-9]*/comm")[:65536]:
-        if (files.read_optional(host, path) or "")[:64] == cut:
-            return path.split("/")[2]
-    return None
+    pids: dict[str, None] = {}
+    for pidfile in pidfiles:
+        text = (files.read_optional(host, pidfile) or "")[:32].strip()
+        if _PID.fullmatch(text):
+            pids[text] = None
+    pids.update(dict.fromkeys(path.split("/")[2]
+                              for path in host.glob("/proc/[0-9]*/comm")[:65536]))
+    found: list[Sighting] = []
+    for pid in pids:
+        if (files.read_optional(host, f"/proc/{pid}/comm") or "")[:64] != cut:
+            continue
+        verdict, why = vouch(host, pid, unit)
+        found.append(Sighting(pid, verdict, why))
+        if verdict or len(found) >= 16:
+            break
+    return found
+
+
+def find_process(host: Host, comm: str, pidfiles: tuple[str, ...] = (), unit: str = ""
+                 ) -> str | None:
+    """Return the pid of the system's daemon named ``comm``, or None (see :func:`sightings`)."""
+    return next((s.pid for s in sightings(host, comm, pidfiles, unit) if s.verdict), None)

@@ -225,13 +225,15 @@ def test_a_snapshot_never_holds_the_machine_id_or_other_processes(tmp_path: Path
         kinds = {m.name: m for m in archive.getmembers()}
     assert "etc/machine-id" not in names
     comms = [n for n in names if n.startswith("proc/") and n.endswith("/comm")]
-    from auditor.checks.lib.cpufreq import REVERTING_DAEMONS
+    from auditor.registry import load_checks
+    from auditor.snapshot import daemons_of
 
+    daemons = daemons_of(load_checks())
     with tarfile.open(out) as archive:
         for name in comms:
             member = archive.extractfile(name)
             assert member is not None
-            assert member.read().decode().strip() in REVERTING_DAEMONS
+            assert member.read().decode().strip() in daemons
     assert all(not (m.ischr() or m.isblk()) or n.startswith("dev/") for n, m in kinds.items())
     assert all(m.isreg() or m.isdir() or m.issym() or m.ischr() or m.isblk()
                for m in kinds.values())

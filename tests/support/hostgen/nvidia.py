@@ -110,6 +110,22 @@ class DriverSpec:
         return self.driver if self.userspace is None else self.userspace
 
 
+
+#: The host's PID namespace, as /proc/<pid>/ns/pid links name it.
+HOST_PID_NS = "pid:[4026531836]"
+
+
+def process_identity(tree: Tree, pid: int, comm: str, uid: int, cgroup: str,
+                     pid_ns: str = HOST_PID_NS) -> None:
+    """Write what tells who runs a process: /proc/<pid>/status (Name, Uid, Gid), its cgroup
+    (v2) and its PID namespace link (pid 1's is left as the host's tree has it: it decides
+    whether the tree is read inside a container)."""
+    ids = f"{uid}\t{uid}\t{uid}\t{uid}"
+    tree.put(f"/proc/{pid}/status", f"Name:\t{comm}\nUmask:\t0022\nState:\tS (sleeping)\n"
+             f"Tgid:\t{pid}\nPid:\t{pid}\nPPid:\t1\nUid:\t{ids}\nGid:\t{ids}\n")
+    tree.put(f"/proc/{pid}/cgroup", f"0::{cgroup}\n")
+    tree.links[f"/proc/{pid}/ns/pid"] = pid_ns
+
 def _os_release(spec: DriverSpec) -> str:
     if spec.distro == "ubuntu":
         return (f'PRETTY_NAME="Ubuntu {spec.version_id} LTS"\nNAME="Ubuntu"\n'
@@ -456,6 +472,9 @@ def build_driver_host(spec: DriverSpec | None = None) -> Tree:
             argv = ["/usr/bin/nvidia-persistenced", "--user", "nvidia-persistenced"]
             argv += ["--no-persistence-mode"] if flag else []
             tree.put("/proc/2417/cmdline", "\0".join([*argv, "--verbose"]) + "\0")
+            # It drops to its own user (--user), in its unit's cgroup.
+            process_identity(tree, 2417, "nvidia-persiste", 118,
+                             "/system.slice/nvidia-persistenced.service")
     if spec.fabricmanager != "absent":
         tree.put(f"{unitdir}/nvidia-fabricmanager.service",
                  "[Unit]\nDescription=NVIDIA fabric manager service\n\n[Service]\nType=forking\n"
@@ -465,6 +484,8 @@ def build_driver_host(spec: DriverSpec | None = None) -> Tree:
             f"{unitdir}/nvidia-fabricmanager.service")
         if spec.fabricmanager == "running":
             tree.put("/proc/3121/comm", "nv-fabricmanage\n")
+            process_identity(tree, 3121, "nv-fabricmanage", 0,
+                             "/system.slice/nvidia-fabricmanager.service")
     tree.put("/proc/1/comm", "systemd\n")
     tree.links["/etc/systemd/system/multi-user.target.wants/ssh.service"] = (
         f"{unitdir}/ssh.service")
