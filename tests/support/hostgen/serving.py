@@ -163,3 +163,33 @@ def base(build: Callable[[], Tree], name: str) -> Callable[[Path], Sysroot]:
 
     make.__name__ = name
     return make
+
+
+def irq_layout(root: Sysroot, *, cpus: int = 64, isolated: str = "",
+               affinity: dict[str, str] | None = None) -> None:
+    """Write two NUMA nodes of ``cpus`` CPUs, each GPU's and RDMA NIC's ``local_cpulist``
+    and four MSI interrupts allowed on its local CPUs (``affinity``: address -> CPU list
+    instead), and the isolated set (``/sys/devices/system/cpu/isolated``)."""
+    half = cpus // 2
+    lists = {0: f"0-{half - 1}", 1: f"{half}-{cpus - 1}"}
+    cpu = "/sys/devices/system/cpu"
+    root.write(f"{cpu}/online", f"0-{cpus - 1}\n")
+    root.write(f"{cpu}/isolated", f"{isolated}\n")
+    root.write(f"{cpu}/nohz_full", "(null)\n")
+    for node, cpulist in lists.items():
+        root.write(f"/sys/devices/system/node/node{node}/cpulist", cpulist + "\n")
+    irq = 100
+    devices = root.path("/sys/bus/pci/devices")
+    for entry in sorted(devices.iterdir()):
+        klass = (entry / "class").read_text().strip() if (entry / "class").exists() else ""
+        if not klass.startswith(("0x0302", "0x0207")):
+            continue
+        node = int((entry / "numa_node").read_text().strip() or 0)
+        local = lists.get(node, lists[0])
+        root.write(f"/sys/bus/pci/devices/{entry.name}/local_cpulist", local + "\n")
+        for _ in range(4):
+            root.write(f"/sys/bus/pci/devices/{entry.name}/msi_irqs/{irq}", "msix\n")
+            allowed = (affinity or {}).get(entry.name, local)
+            root.write(f"/proc/irq/{irq}/smp_affinity_list", allowed + "\n")
+            root.write(f"/proc/irq/{irq}/effective_affinity_list", allowed.split("-")[0] + "\n")
+            irq += 1
