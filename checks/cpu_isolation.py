@@ -157,8 +157,8 @@ def isolation(host: Host) -> Isolation | None:
     if conf is not None:
         configured = {}
         next_boot = set()
-        for token in conf.tokens:
-            key, _, value = token.text.partition("=")
+        for configured_token in conf.tokens:
+            key, _, value = configured_token.text.partition("=")
             if key in ISOLATING:
                 configured[key] = value
                 if key in ("isolcpus", "nohz_full"):
