@@ -90,9 +90,12 @@ def fix(
     where: str,
     remote: bool = False,
     sudo: bool = False,
+    prove: Callable[[], Report] | None = None,
 ) -> tuple[Report, int]:
     """Write and/or apply the fix for one host; return the report to show and an exit code.
 
+    With ``prove`` (``--prove``: it runs the probes), the probes run before the fix and
+    after it, and the report holds both figures and their change.
     The exit code is 1 when the fix script failed or was refused, else 0.
     """
     from auditor.fix import build_fix
@@ -121,15 +124,29 @@ def fix(
         if answer.strip().lower() not in ("y", "yes"):
             _say("not applied")
             return report, 1
+    probes_before = prove() if prove is not None else None
     result = host.run_script(scripts.script, sudo=sudo)
     after = reaudit()
     # What the script printed came from the host: each line made printable.
     sys.stderr.write(printable_lines(result.output))
     print(render_comparison(report, after), end="", file=sys.stderr)
+    worse = 0
+    if prove is not None and probes_before is not None:
+        from auditor.probes.prove import change_findings, proven, summary_lines
+
+        probes_after = prove()
+        changes = change_findings(probes_before, probes_after)
+        for line in summary_lines(changes):
+            _say(printable_lines(line).rstrip("\n"))
+        worse = sum(1 for f in changes if f.status.rank)
+        after = proven(after, probes_before, probes_after)
     if result.returncode != 0:
         _say(f"audit: error: the fix script exited {result.returncode}")
         return after, 1
     kept = kept_rollback(plan, local=not remote)
+    if worse:
+        _say(f"audit: warning: the fix made {worse} measured figure(s) worse: roll it back "
+             "with the command below")
     if remote:
         # The rollback runs where the fix ran; the fix keeps a copy of it there.
         _say(f"undo on {where} with: sudo bash {shlex.quote(kept)}"

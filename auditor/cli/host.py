@@ -49,6 +49,7 @@ from auditor.cli.options import (
     signal_name,
     ssh_options,
 )
+from auditor.cli.probe import ProveOpt, ProveProbeOpt, prove_request
 from auditor.errors import UsageError
 from auditor.model import Report
 from auditor.text import printable
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
     from auditor.cli.fix import FixRequest
     from auditor.hosts.ssh import SshOptions, SshTarget
     from auditor.policy import Policy
+    from auditor.probes.run import ProbeRequest
     from auditor.runner import FleetAudit
 
 
@@ -130,7 +132,8 @@ def _stopped(fleet: FleetAudit, wanted: Sequence[SshTarget], options: AuditOptio
 
 
 def _fix_remote(target: SshTarget, options: SshOptions, checks: Sequence[CheckClass],
-                policy: Policy, audit_options: AuditOptions, request: FixRequest) -> int:
+                policy: Policy, audit_options: AuditOptions, request: FixRequest,
+                probes: ProbeRequest | None = None) -> int:
     """Audit one host with the fix's extra reads, then write and/or apply its fix on the
     same connection."""
     import datetime as dt
@@ -158,8 +161,16 @@ def _fix_remote(target: SshTarget, options: SshOptions, checks: Sequence[CheckCl
             return remote_report(host, audit(host, checks, policy, debug=audit_options.debug),
                                  again_at, time.perf_counter() - again)
 
+        def run_probes() -> Report:
+            # The probes run on the fix's connection, as the login user (no sudo).
+            from auditor.probes.run import SshRunner, run_probes
+
+            assert probes is not None
+            return run_probes(SshRunner(host), probes, target=host.target, say=note)
+
         report, fix_code = fix(host, report, checks, policy, request, reaudit=reaudit,
-                               where=target.display, remote=True, sudo=True)
+                               where=target.display, remote=True, sudo=True,
+                               prove=run_probes if probes is not None else None)
     return max(emit([report], audit_options), fix_code)
 
 
@@ -205,6 +216,8 @@ def host_command(
     apply: Annotated[bool, typer.Option(
         "--apply", help="Upload and run the fix with sudo, then audit again.")] = False,
     yes: YesOpt = False,
+    prove: ProveOpt = False,
+    probe: ProveProbeOpt = None,
 ) -> None:
     """Audit remote Linux hosts over SSH; nothing is installed on them."""
     from auditor.cli.fix import FixRequest
@@ -215,6 +228,7 @@ def host_command(
     options = AuditOptions.of(fmt, output, check, skip, fail_on, policy, profile, debug)
     request = FixRequest(fix_script, rollback_script, apply, yes)
     with handle_errors(debug):
+        probes = prove_request(prove, probe, apply, root)
         wanted = [parse_target(t) for t in targets or ()]
         for path in inventory or ():
             wanted.extend(load_inventory(path, note=lambda line: note(f"note: {line}")))
@@ -228,7 +242,8 @@ def host_command(
                             known_hosts, ssh_config, root)
         sysroot_path(root)  # a bad --root is a usage error before any connection
     if request.wanted:
-        raise typer.Exit(_fix_remote(wanted[0], reach, checks, loaded, options, request))
+        raise typer.Exit(_fix_remote(wanted[0], reach, checks, loaded, options, request,
+                                     probes))
     fleet = FleetAudit(wanted, reach, checks, loaded, parallel=parallel, debug=debug,
                        workers=workers,
                        on_error=lambda line: say(f"audit: error: {printable(line)}"),

@@ -30,6 +30,7 @@ from auditor.cli.options import (
     handle_errors,
     prepare,
 )
+from auditor.cli.probe import ProveOpt, ProveProbeOpt, prove_request
 from auditor.errors import UsageError
 from auditor.model import Report
 
@@ -53,6 +54,8 @@ def local_command(
     apply: Annotated[bool, typer.Option("--apply", help="Run the fix, then audit again and "
                                         "show before and after.")] = False,
     yes: YesOpt = False,
+    prove: ProveOpt = False,
+    probe: ProveProbeOpt = None,
 ) -> None:
     """Audit this machine, or a captured sysroot with --root."""
     from auditor.cli.fix import FixRequest, fix
@@ -64,6 +67,7 @@ def local_command(
     fix_code = EXIT_OK
     with handle_errors(debug):
         request.check_paths()
+        probes = prove_request(prove, probe, apply, root)
         checks, loaded = prepare(options)
 
         def open_host() -> Host:
@@ -76,8 +80,15 @@ def local_command(
                     with open_host() as fresh:
                         return audit(fresh, checks, loaded, debug=debug)
 
+                def run_probes() -> Report:
+                    from auditor.cli.probe import probe_local
+
+                    assert probes is not None
+                    return probe_local(probes)
+
                 report, fix_code = fix(host, report, checks, loaded, request, reaudit=reaudit,
-                                       where=host.root or "this machine")
+                                       where=host.root or "this machine",
+                                       prove=run_probes if probes is not None else None)
     raise typer.Exit(max(emit([report], options), fix_code))
 
 

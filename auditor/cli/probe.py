@@ -62,6 +62,28 @@ FailBelowOpt = Annotated[float, typer.Option(
     help="A bandwidth below this share of the link's payload limit fails.")]
 
 
+ProveOpt = Annotated[bool, typer.Option(
+    "--prove", help="With --apply: run the probes before and after the fix, and report both "
+                    "figures and their change (a fix that made one worse says so).")]
+ProveProbeOpt = Annotated[str | None, typer.Option(
+    "--probe", metavar="NAMES", help="The probes --prove runs (default: all; see audit "
+                                     "probe).")]
+
+
+def prove_request(prove: bool, probe: str | None, apply: bool,
+                  root: str | None) -> ProbeRequest | None:
+    """Return the probes ``--prove`` runs (None without it), or raise a usage error."""
+    if not prove:
+        if probe is not None:
+            raise UsageError("--probe goes with --prove")
+        return None
+    if not apply:
+        raise UsageError("--prove measures before and after a fix: it needs --apply")
+    if root is not None:
+        raise UsageError("--prove measures a running machine, not a sysroot (--root)")
+    return make_request(probe, 60.0, False, None, 3000, 0.80, 0.50)
+
+
 def parse_gpus(text: str | None) -> tuple[int, ...]:
     """Return the GPU ordinals of ``--gpus`` (none: every GPU), or raise a usage error."""
     if not text:

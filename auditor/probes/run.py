@@ -166,9 +166,12 @@ class SshRunner:
             f"exec python3 - {quoted} <<'{end}'\n{program}\n{end}\n"
         )
         result = self.host.run_script(script, timeout=timeout + GRACE_S)
-        if result.returncode == 127 and "no python3" in result.output:
-            return {"answer": {"status": "skip",
-                               "reason": "no python3 on the host to run the probe"}}
+        if result.returncode == 127:
+            # The shell could not start: no python3 (the script's own line), or no bash.
+            said = " ".join(result.output.strip().splitlines()[-1:])[:200]
+            reason = ("no python3 on the host to run the probe" if "no python3" in said
+                      else f"the host could not start the probe program ({said})")
+            return {"answer": {"status": "skip", "reason": reason}}
         if result.returncode == 124:
             return {"answer": {"status": "timeout", "reason": f"the probe program did not "
                                                               f"answer in {timeout + GRACE_S:g} s"}}
