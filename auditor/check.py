@@ -292,6 +292,9 @@ class Check(ABC, Generic[OptionsT]):
     fix_reads: ClassVar[tuple[str, ...]] = ()
     #: Device events that re-run the check under ``audit watch``.
     events: ClassVar[frozenset[Trigger]] = frozenset()
+    #: The version of the distribution that first shipped the check (``N.N`` or ``N.N.N``):
+    #: a built-in's is a host-auditor version, a plug-in's its own distribution's.
+    version_added: ClassVar[str] = ""
     #: Names of the processes the check looks for among the running ones (``/proc/PID/comm``):
     #: a snapshot keeps these processes' entries and no other part of the process list.
     daemons: ClassVar[frozenset[str]] = frozenset()

@@ -160,36 +160,95 @@ def _waiver(source: str, index: int, data: Any, checks: Mapping[str, CheckClass]
     )
 
 
+@dataclass(frozen=True)
+class PolicyFile:
+    """A policy file as read: its path, its TOML tables and the SHA-256 of its bytes."""
+
+    path: str
+    data: Mapping[str, Any]
+    sha256: str
+
+
+#: The tables a policy file may hold.
+POLICY_KEYS = frozenset({"profile", "checks", "waivers", "local-plugins"})
+
+
+def read_policy(path: str) -> PolicyFile:
+    """Read and parse a policy file (bounded); a file that is not one is a PolicyError."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_POLICY_BYTES + 1)
+        if len(raw) > MAX_POLICY_BYTES:
+            raise PolicyError(f"{path}: policy file larger than {MAX_POLICY_BYTES >> 20} MiB")
+        digest = hashlib.sha256(raw).hexdigest()
+        data = tomllib.loads(raw.decode("utf-8"))
+    except OSError as exc:
+        raise PolicyError(f"{path}: cannot read policy file ({exc.strerror})") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise PolicyError(f"{path}: not valid TOML ({' '.join(str(exc).split())})") from exc
+    except UnicodeDecodeError as exc:
+        raise PolicyError(f"{path}: not valid TOML (not UTF-8 text)") from exc
+    except RecursionError as exc:
+        raise PolicyError(f"{path}: not valid TOML (nested too deeply)") from exc
+    unknown = set(data) - POLICY_KEYS
+    if unknown:
+        raise PolicyError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}")
+    return PolicyFile(path, data, digest)
+
+
+def local_plugins(policy: PolicyFile | None) -> list[CheckClass]:
+    """Return the site's own checks that a policy file names in ``[local-plugins]``.
+
+    As flake8's ``local-plugins``: ``paths`` are directories (relative to the policy
+    file's) to import from, ``checks`` entries ``"ID = module:Class"``, as an entry point
+    would be written. The classes are loaded and validated here; the caller validates them
+    with every other check (an id taken twice is refused).
+    """
+    if policy is None or "local-plugins" not in policy.data:
+        return []
+    import os
+
+    where = f"{policy.path}: local-plugins"
+    table = policy.data["local-plugins"]
+    if not isinstance(table, Mapping):
+        raise PolicyError(f"{where} must be a table")
+    unknown = set(table) - {"paths", "checks"}
+    if unknown:
+        raise PolicyError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
+    paths, entries = table.get("paths", []), table.get("checks", [])
+    for key, value in (("paths", paths), ("checks", entries)):
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            raise PolicyError(f"{where}: {key} must be a list of strings")
+    base = os.path.dirname(os.path.abspath(policy.path))
+    specs: list[tuple[str, str]] = []
+    for entry in entries:
+        check_id, sep, value = (part.strip() for part in entry.partition("="))
+        if not sep or not check_id or ":" not in value:
+            raise PolicyError(f"{where}: {entry!r} is not \"ID = module:Class\"")
+        specs.append((check_id, value))
+    return registry.load_local(specs, [os.path.normpath(os.path.join(base, p)) for p in paths],
+                               where)
+
+
 def load_policy(
-    checks: Sequence[CheckClass], path: str | None = None, profile: str | None = None
+    checks: Sequence[CheckClass], path: str | None = None, profile: str | None = None,
+    *, document: PolicyFile | None = None,
 ) -> Policy:
-    """Build the policy from a profile name and an optional TOML file (the file wins)."""
+    """Build the policy from a profile name and an optional TOML file (the file wins).
+
+    ``document``: the file at ``path`` already read (:func:`read_policy`), so the policy and
+    its local plug-ins come from the same bytes.
+    """
     by_id = {c.id: c for c in checks}
-    data: dict[str, Any] = {}
+    data: Mapping[str, Any] = {}
     digest = ""
     if path is not None:
-        try:
-            import tomllib
-        except ModuleNotFoundError:  # Python 3.10
-            import tomli as tomllib  # type: ignore[no-redef]
-        try:
-            with open(path, "rb") as handle:
-                raw = handle.read(MAX_POLICY_BYTES + 1)
-            if len(raw) > MAX_POLICY_BYTES:
-                raise PolicyError(f"{path}: policy file larger than {MAX_POLICY_BYTES >> 20} MiB")
-            digest = hashlib.sha256(raw).hexdigest()
-            data = tomllib.loads(raw.decode("utf-8"))
-        except OSError as exc:
-            raise PolicyError(f"{path}: cannot read policy file ({exc.strerror})") from exc
-        except tomllib.TOMLDecodeError as exc:
-            raise PolicyError(f"{path}: not valid TOML ({' '.join(str(exc).split())})") from exc
-        except UnicodeDecodeError as exc:
-            raise PolicyError(f"{path}: not valid TOML (not UTF-8 text)") from exc
-        except RecursionError as exc:
-            raise PolicyError(f"{path}: not valid TOML (nested too deeply)") from exc
-        unknown = set(data) - {"profile", "checks", "waivers"}
-        if unknown:
-            raise PolicyError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}")
+        document = document if document is not None else read_policy(path)
+        data, digest = document.data, document.sha256
     name = profile or data.get("profile") or DEFAULT_PROFILE
     if not isinstance(name, str) or name not in PROFILES:
         raise PolicyError(f"unknown profile {name!r} (profiles: {', '.join(PROFILES)})")

@@ -9,6 +9,7 @@ events re-run which checks) is derived here from the classes' declarations.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -25,6 +26,14 @@ DISTRIBUTION = "host-auditor"
 PROFILES = ("gpu-inference", "latency", "throughput")
 DEFAULT_PROFILE = PROFILES[0]
 _ID_PATTERN = lazy_re(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")
+#: ``version_added``: a release number, ``N.N`` or ``N.N.N``.
+_VERSION_PATTERN = lazy_re(r"^(0|[1-9][0-9]{0,5})(\.(0|[1-9][0-9]{0,5})){1,2}$")
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """Return a release number as a tuple of ints, padded to three parts for comparison."""
+    parts = tuple(int(p) for p in version.split("."))
+    return parts + (0,) * (3 - len(parts))
 
 
 def _validate_one(cls: Any, name: str) -> None:
@@ -50,6 +59,10 @@ def _validate_one(cls: Any, name: str) -> None:
     for attr in ("rationale", "remedy"):
         if not isinstance(getattr(cls, attr, None), str):
             raise RegistryError(f"{name}: {attr} must be declared")
+    version: object = getattr(cls, "version_added", "")
+    if not isinstance(version, str) or (version and not _VERSION_PATTERN.match(version)):
+        raise RegistryError(f"{name}: version_added must be a release number such as 0.1.0, "
+                            f"got {version!r}")
     daemons: object = getattr(cls, "daemons", frozenset())
     if not isinstance(daemons, frozenset) or not all(isinstance(d, str) for d in daemons):
         raise RegistryError(f"{name}: daemons must be a frozenset of process names")
@@ -124,8 +137,23 @@ def _load_points(points: Sequence[entrypoints.Point]) -> list[CheckClass]:
         if loaded.id != point.name:
             raise RegistryError(f"entry point {point.name} names check {loaded.id!r}: the entry "
                                 "point's name must be the check's id")
+        if point.distribution == DISTRIBUTION:
+            _builtin_version(loaded)
         found.append(loaded)
     return found
+
+
+def _builtin_version(cls: CheckClass) -> None:
+    """Hold a built-in check to a ``version_added`` no later than this release."""
+    from auditor import __version__
+
+    added: object = getattr(cls, "version_added", "")
+    if not isinstance(added, str) or not _VERSION_PATTERN.match(added):
+        raise RegistryError(f"built-in check {cls.id}: declare version_added, the host-auditor "
+                            f"release that first ships it (this one is {__version__})")
+    if _release(added) > _release(__version__):
+        raise RegistryError(f"built-in check {cls.id}: version_added {added} is later than "
+                            f"this release, {__version__}")
 
 
 _LOADED: list[CheckClass] | None = None
@@ -137,6 +165,66 @@ def load_checks() -> list[CheckClass]:
     if _LOADED is None:
         _LOADED = validate(_entry_point_checks())
     return list(_LOADED)
+
+
+def load_local(specs: Sequence[tuple[str, str]], paths: Sequence[str],
+               where: str) -> list[CheckClass]:
+    """Load a site's own checks, ``(id, "module:Class")``, from modules in ``paths``.
+
+    Each class is held to what an entry point's is (a Check class whose id is the name it
+    was listed under; ``validate`` does the rest). A module is imported only from the
+    listed directories, and only where neither the directory nor the module's file can be
+    written by another user: as root, a check is code run as root.
+    """
+    import importlib.machinery
+    import os
+
+    for directory in paths:
+        _trusted(directory, where, directory=True)
+    for directory in reversed(paths):
+        if directory not in sys.path:
+            sys.path.insert(0, directory)
+    found: list[CheckClass] = []
+    for check_id, value in specs:
+        module = value.partition(":")[0].strip()
+        top = module.partition(".")[0]
+        spec = importlib.machinery.PathFinder.find_spec(top, list(paths))
+        if spec is None or spec.origin is None:
+            raise RegistryError(f"{where}: {check_id}: no module {top!r} in "
+                                f"{', '.join(paths) or 'its paths (none given)'}")
+        _trusted(spec.origin, where, directory=False)
+        loaded_module = sys.modules.get(top)
+        if loaded_module is not None and os.path.realpath(
+                getattr(loaded_module, "__file__", "") or "") != os.path.realpath(spec.origin):
+            raise RegistryError(f"{where}: {check_id}: module {top!r} is already imported "
+                                "from elsewhere; rename the plug-in's module")
+        try:
+            loaded = entrypoints.load(value)
+        except Exception as exc:
+            raise RegistryError(f"{where}: {check_id} ({value}) cannot be loaded: "
+                                f"{type(exc).__name__}: {exc}") from exc
+        if not (isinstance(loaded, type) and issubclass(loaded, Check)):
+            raise RegistryError(f"{where}: {check_id}: {loaded!r} is not a Check class")
+        if loaded.id != check_id:
+            raise RegistryError(f"{where}: {check_id} names check {loaded.id!r}: the name it "
+                                "is listed under must be the check's id")
+        found.append(loaded)
+    return found
+
+
+def _trusted(path: str, where: str, *, directory: bool) -> None:
+    """Refuse a plug-in path that is missing, or that another user could write to."""
+    import os
+    import stat
+
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise RegistryError(f"{where}: {path}: {exc.strerror}") from exc
+    if directory and not stat.S_ISDIR(st.st_mode):
+        raise RegistryError(f"{where}: {path} is not a directory")
+    if st.st_uid not in (0, os.geteuid()) or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise RegistryError(f"{where}: {path} can be written by another user: refused")
 
 
 def reset() -> None:

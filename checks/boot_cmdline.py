@@ -145,6 +145,7 @@ class BootCmdline(Check[CheckOptions]):
 
     id: ClassVar[str] = "boot.cmdline"
     severity: ClassVar[Severity] = Severity.MEDIUM
+    version_added: ClassVar[str] = "0.1.0"
     reads: ClassVar[tuple[str, ...]] = (
         *bootloader.READS,
         *kernels.RELEASE_READS,

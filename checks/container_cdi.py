@@ -83,6 +83,7 @@ class ContainerCdi(Check[CheckOptions]):
 
     id: ClassVar[str] = "container.cdi"
     severity: ClassVar[Severity] = Severity.HIGH
+    version_added: ClassVar[str] = "0.1.0"
     reads: ClassVar[tuple[str, ...]] = (
         *cdi.READS,
         *CHECKABLE,

@@ -360,6 +360,7 @@ class CpuCstates(Check[CstateOptions]):
 
     id: ClassVar[str] = "cpu.cstates"
     severity: ClassVar[Severity] = Severity.HIGH
+    version_added: ClassVar[str] = "0.1.0"
     reads: ClassVar[tuple[str, ...]] = (
         DRIVER,
         OFFLINE,

@@ -94,6 +94,7 @@ class CpuGovernor(Check[GovernorOptions]):
 
     id: ClassVar[str] = "cpu.governor"
     severity: ClassVar[Severity] = Severity.HIGH
+    version_added: ClassVar[str] = "0.1.0"
     reads: ClassVar[tuple[str, ...]] = (
         *(f"{CPUFREQ}/policy*/{name}" for name in POLICY_FILES),
         *(f"{CPU_DIR}/cpu[0-9]*/cpufreq/{name}" for name in POLICY_FILES),

@@ -104,6 +104,7 @@ class IommuMode(Check[IommuOptions]):
 
     id: ClassVar[str] = "iommu.mode"
     severity: ClassVar[Severity] = Severity.HIGH
+    version_added: ClassVar[str] = "0.1.0"
     reads: ClassVar[tuple[str, ...]] = (
         CMDLINE,
         f"{IOMMU_CLASS}/*",

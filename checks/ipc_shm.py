@@ -105,6 +105,7 @@ class IpcShm(Check[IpcShmOptions]):
 
     id: ClassVar[str] = "ipc.shm"
     severity: ClassVar[Severity] = Severity.HIGH
+    version_added: ClassVar[str] = "0.1.0"
     options_type: ClassVar[type[CheckOptions]] = IpcShmOptions
     reads: ClassVar[tuple[str, ...]] = (
         MOUNTS, MEMINFO, *docker.READS, *sdconf.reads("logind"), *SLURM_CONFS,

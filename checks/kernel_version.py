@@ -153,6 +153,7 @@ class KernelVersion(Check[KernelOptions]):
 
     id: ClassVar[str] = "kernel.version"
     severity: ClassVar[Severity] = Severity.MEDIUM
+    version_added: ClassVar[str] = "0.1.0"
     reads: ClassVar[tuple[str, ...]] = (
         *kernels.RELEASE_READS,
         *kernels.NEXT_BOOT_READS,

@@ -286,6 +286,7 @@ class LxcDeviceMajors(Check[CheckOptions]):
 
     id: ClassVar[str] = "lxc.device_majors"
     severity: ClassVar[Severity] = Severity.CRITICAL
+    version_added: ClassVar[str] = "0.1.0"
     reads: ClassVar[tuple[str, ...]] = (
         PROC_DEVICES,
         PROC_CGROUP,

@@ -131,6 +131,7 @@ class NumaBalancing(Check[CheckOptions]):
 
     id: ClassVar[str] = "numa.balancing"
     severity: ClassVar[Severity] = Severity.HIGH
+    version_added: ClassVar[str] = "0.1.0"
     reads: ClassVar[tuple[str, ...]] = (
         RUNTIME_PATH,
         "/sys/devices/system/node/node*",

@@ -59,6 +59,7 @@ class NumaPlacement(Check[CheckOptions]):
 
     id: ClassVar[str] = "numa.placement"
     severity: ClassVar[Severity] = Severity.MEDIUM
+    version_added: ClassVar[str] = "0.1.0"
     reads: ClassVar[tuple[str, ...]] = (
         *pci.DEVICE_READS,
         *pci.NUMA_READS,

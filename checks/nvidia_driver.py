@@ -59,6 +59,7 @@ class NvidiaDriver(Check[CheckOptions]):
 
     id: ClassVar[str] = "nvidia.driver"
     severity: ClassVar[Severity] = Severity.HIGH
+    version_added: ClassVar[str] = "0.1.0"
     reads: ClassVar[tuple[str, ...]] = (
         *nvidia.DRIVER_READS,
         *nvidia.USERSPACE_READS,

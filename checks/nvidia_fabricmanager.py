@@ -51,6 +51,7 @@ class NvidiaFabricmanager(Check[CheckOptions]):
 
     id: ClassVar[str] = "nvidia.fabricmanager"
     severity: ClassVar[Severity] = Severity.CRITICAL
+    version_added: ClassVar[str] = "0.1.0"
     reads: ClassVar[tuple[str, ...]] = (
         NVSWITCH_NODES,
         *PIDFILES,

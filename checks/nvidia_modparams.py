@@ -77,6 +77,7 @@ class NvidiaModparams(Check[CheckOptions]):
 
     id: ClassVar[str] = "nvidia.modparams"
     severity: ClassVar[Severity] = Severity.MEDIUM
+    version_added: ClassVar[str] = "0.1.0"
     reads: ClassVar[tuple[str, ...]] = (
         *modprobe.READS,
         nvidia.PROC_PARAMS,

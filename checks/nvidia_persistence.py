@@ -53,6 +53,7 @@ class NvidiaPersistence(Check[CheckOptions]):
 
     id: ClassVar[str] = "nvidia.persistence"
     severity: ClassVar[Severity] = Severity.LOW
+    version_added: ClassVar[str] = "0.1.0"
     reads: ClassVar[tuple[str, ...]] = (
         *PIDFILES,
         "/proc/[0-9]*/comm",

@@ -59,6 +59,7 @@ class NvidiaUvmHmm(Check[UvmHmmOptions]):
 
     id: ClassVar[str] = "nvidia.uvm_hmm"
     severity: ClassVar[Severity] = Severity.HIGH
+    version_added: ClassVar[str] = "0.1.0"
     reads: ClassVar[tuple[str, ...]] = (
         LIVE,
         MODULE_DIR,

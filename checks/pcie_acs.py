@@ -96,6 +96,7 @@ class PcieAcs(Check[CheckOptions]):
 
     id: ClassVar[str] = "pcie.acs"
     severity: ClassVar[Severity] = Severity.CRITICAL
+    version_added: ClassVar[str] = "0.1.0"
     reads: ClassVar[tuple[str, ...]] = (
         CMDLINE,
         f"{IOMMU_CLASS}/*",

@@ -105,6 +105,7 @@ class PcieAer(Check[AerOptions]):
 
     id: ClassVar[str] = "pcie.aer"
     severity: ClassVar[Severity] = Severity.HIGH
+    version_added: ClassVar[str] = "0.1.0"
     reads: ClassVar[tuple[str, ...]] = (
         UPTIME,
         *pci.DEVICE_READS,

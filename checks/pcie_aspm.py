@@ -62,6 +62,7 @@ class PcieAspm(Check[CheckOptions]):
 
     id: ClassVar[str] = "pcie.aspm"
     severity: ClassVar[Severity] = Severity.MEDIUM
+    version_added: ClassVar[str] = "0.1.0"
     reads: ClassVar[tuple[str, ...]] = (
         CMDLINE,
         POLICY,

@@ -81,6 +81,7 @@ class PcieBar1(Check[Bar1Options]):
 
     id: ClassVar[str] = "pcie.bar1"
     severity: ClassVar[Severity] = Severity.HIGH
+    version_added: ClassVar[str] = "0.1.0"
     reads: ClassVar[tuple[str, ...]] = (
         NVIDIA_PARAMS,
         NVIDIA_INFO,

@@ -112,6 +112,7 @@ class PcieMrrs(Check[MrrsOptions]):
 
     id: ClassVar[str] = "pcie.mrrs"
     severity: ClassVar[Severity] = Severity.HIGH
+    version_added: ClassVar[str] = "0.1.0"
     reads: ClassVar[tuple[str, ...]] = (
         "/sys/bus/pci/devices/*",
         "/sys/bus/pci/devices/*/class",

@@ -204,6 +204,7 @@ class RdmaMemlock(Check[RdmaMemlockOptions]):
 
     id: ClassVar[str] = "rdma.memlock"
     severity: ClassVar[Severity] = Severity.HIGH
+    version_added: ClassVar[str] = "0.1.0"
     options_type: ClassVar[type[CheckOptions]] = RdmaMemlockOptions
     reads: ClassVar[tuple[str, ...]] = (
         LIMITS_CONF, LIMITS_D, *sdconf.reads("system"), *docker.READS,

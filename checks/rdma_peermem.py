@@ -51,6 +51,7 @@ class RdmaPeermem(Check[CheckOptions]):
 
     id: ClassVar[str] = "rdma.peermem"
     severity: ClassVar[Severity] = Severity.MEDIUM
+    version_added: ClassVar[str] = "0.1.0"
     reads: ClassVar[tuple[str, ...]] = (
         *(f"/sys/module/{m}" for m in PEERMEM_MODULES),
         "/sys/module/ib_core",

@@ -236,13 +236,16 @@ def snapshot_command(
     accept_new_host_keys: AcceptNewOpt = False,
     known_hosts: KnownHostsOpt = None,
     ssh_config: SshConfigOpt = None,
+    policy: PolicyOpt = None,
 ) -> None:
-    """Capture exactly what the checks read into a sysroot .tar.gz, for audit local --root."""
+    """Capture exactly what the checks read into a sysroot .tar.gz, for audit local --root.
+
+    With --policy, the site's own checks (its local-plugins) are captured for too."""
     from auditor.snapshot import snapshot, write_capture
 
     with handle_errors():
         check_output_path(output, "capture")
-        checks, _ = prepare(AuditOptions.of(check=check, skip=skip))
+        checks, _ = prepare(AuditOptions.of(check=check, skip=skip, policy=policy))
         reach = None
         if target != "local":
             reach = ssh_options(user, port, identity, sudo, timeout, accept_new_host_keys,

@@ -108,16 +108,25 @@ def open_target(root: str) -> Host:
     return host
 
 
+def with_local_plugins(policy: str | None) -> list[CheckClass]:
+    """Return every registered check, and the site's own from ``policy``'s local-plugins."""
+    from auditor.policy import local_plugins, read_policy
+    from auditor.registry import load_checks, validate
+
+    every = load_checks()
+    local = local_plugins(read_policy(policy)) if policy is not None else []
+    return validate([*every, *local]) if local else every
+
+
 def checks_command(
     fmt: Annotated[str, typer.Option(
         "--format", "-f", metavar="[text|json]", callback=choice("format", ("text", "json")),
         help="text: a line per check; json: everything about each check.")] = "text",
+    policy: PolicyOpt = None,
 ) -> None:
     """List the checks with id, severity and one line each."""
-    from auditor.registry import load_checks
-
     with handle_errors():
-        classes = load_checks()
+        classes = with_local_plugins(policy)
     if fmt == "json":
         print(json.dumps([describe_check(c) for c in classes], indent=2, ensure_ascii=False))
         return
@@ -142,6 +151,7 @@ def describe_check(cls: CheckClass) -> dict[str, Any]:
     return {
         "id": cls.id,
         "severity": cls.severity.value,
+        "version_added": cls.version_added,
         "summary": cls.summary(),
         "rationale": " ".join(cls.rationale.split()),
         "remedy": " ".join(cls.remedy.split()),
@@ -153,12 +163,11 @@ def describe_check(cls: CheckClass) -> dict[str, Any]:
     }
 
 
-def explain_command(check_id: Annotated[str, typer.Argument(metavar="ID")]) -> None:
+def explain_command(check_id: Annotated[str, typer.Argument(metavar="ID")],
+                    policy: PolicyOpt = None) -> None:
     """Explain what a check looks at, why it matters for inference, and how it is fixed."""
-    from auditor.registry import load_checks
-
     with handle_errors():
-        classes = {c.id: c for c in load_checks()}
+        classes = {c.id: c for c in with_local_plugins(policy)}
     if check_id not in classes:
         fatal(f"unknown check id {check_id!r} (known: {', '.join(sorted(classes))})", EXIT_USAGE)
     cls = classes[check_id]
@@ -186,4 +195,6 @@ def explain_command(check_id: Annotated[str, typer.Argument(metavar="ID")]) -> N
     if cls.events:
         lines += ["", "Re-run by audit watch on: "
                   + ", ".join(sorted(e.value for e in cls.events))]
+    if cls.version_added:
+        lines += ["", f"Added in version {cls.version_added}."]
     print("\n".join(lines))

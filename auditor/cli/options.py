@@ -300,8 +300,8 @@ def prepare(options: AuditOptions, targets: int = 1) -> tuple[list[CheckClass], 
     Everything the command line says is checked here, before the first host is touched:
     the format for ``targets`` hosts, the output file, the checks and the policy.
     """
-    from auditor.policy import load_policy
-    from auditor.registry import load_checks, select
+    from auditor.policy import load_policy, local_plugins, read_policy
+    from auditor.registry import load_checks, select, validate
     from auditor.render import FORMATS
 
     if options.fmt not in FORMATS:
@@ -310,11 +310,15 @@ def prepare(options: AuditOptions, targets: int = 1) -> tuple[list[CheckClass], 
         raise UsageError(f"--format nfd labels one node; {targets} hosts were named (run "
                          "audit local on each node)")
     check_output_path(options.output)
+    document = read_policy(options.policy) if options.policy is not None else None
     every = load_checks()
+    local = local_plugins(document)
+    if local:  # a site's own checks, from the policy file: validated with every other one
+        every = validate([*every, *local])
     checks = select(every, options.only, options.skip)
     if not checks:
         raise UsageError("no checks left to run after --check/--skip")
-    policy = load_policy(every, options.policy, options.profile)
+    policy = load_policy(every, options.policy, options.profile, document=document)
     return checks, policy
 
 

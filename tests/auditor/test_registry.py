@@ -9,6 +9,7 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -46,6 +47,9 @@ def test_builtins_come_from_the_entry_point_group() -> None:
         ({"events": frozenset({"pci"})}, "Trigger"),
         ({"profiles": {"fast": {}}}, "profile 'fast' is not one of"),
         ({"profiles": {"latency": {"nope": 1}}}, "has no option 'nope'"),
+        ({"version_added": "1.x"}, "version_added must be a release number"),
+        ({"version_added": "v1.0"}, "version_added must be a release number"),
+        ({"version_added": 1.0}, "version_added must be a release number"),
     ],
 )
 def test_validation_rejects_bad_declarations(attrs: dict[str, object], message: str) -> None:
@@ -57,6 +61,45 @@ def test_validation_rejects_bad_declarations(attrs: dict[str, object], message: 
     bad = type("Bad", (NumaBalancing,), namespace)
     with pytest.raises(RegistryError, match=message):
         validate([NumaBalancing, bad])
+
+
+class Unversioned(NumaBalancing):
+    """A built-in that forgot the release that added it."""
+
+    version_added: ClassVar[str] = ""
+
+
+class FromTheFuture(NumaBalancing):
+    """A built-in claiming a release after this one."""
+
+    version_added: ClassVar[str] = "99.0"
+
+
+def test_every_builtin_declares_the_release_that_added_it() -> None:
+    from auditor import __version__
+
+    def release(text: str) -> tuple[int, ...]:
+        return tuple(int(p) for p in text.split("."))
+
+    builtins = [c for c in load_checks() if c.__module__.startswith("auditor.checks.")]
+    assert len(builtins) >= 20
+    assert all(release(c.version_added) <= release(__version__) for c in builtins)
+
+
+@pytest.mark.parametrize(("cls", "message"), [
+    (Unversioned, "declare version_added"),
+    (FromTheFuture, "version_added 99.0 is later than this release"),
+])
+def test_a_builtin_is_held_to_its_version_added(cls: type, message: str) -> None:
+    from auditor.entrypoints import Point
+
+    point = Point(registry.DISTRIBUTION, "numa.balancing", f"{__name__}:{cls.__name__}")
+    with pytest.raises(RegistryError, match=message):
+        registry._load_points([point])
+    # A plug-in's version is its own distribution's: not compared with host-auditor's.
+    real = Point(registry.DISTRIBUTION, "numa.balancing",
+                 "auditor.checks.numa_balancing:NumaBalancing")
+    assert registry._load_points([real, Point("other", "numa.balancing", point.value)])[1] is cls
 
 
 def test_validation_rejects_what_is_not_a_check() -> None:
