@@ -183,6 +183,7 @@ class ContainerToolkit(Check[CheckOptions]):
 
     id: ClassVar[str] = "container.toolkit"
     severity: ClassVar[Severity] = Severity.HIGH
+    version_added: ClassVar[str] = "0.1.0"
     reads: ClassVar[tuple[str, ...]] = (
         CONFIG, *BINARIES, CONTAINERD, CGROUP2, PROC_DEVICES, *NODES, DEV_CHAR, *UDEV_RULES,
         *ROOTLESS_SOCKETS, "/sbin/ldconfig", "/sbin/ldconfig.real", "/usr/sbin/ldconfig",
