@@ -171,6 +171,7 @@ class CpuIsolation(Check[CheckOptions]):
 
     id: ClassVar[str] = "cpu.isolation"
     severity: ClassVar[Severity] = Severity.HIGH
+    version_added: ClassVar[str] = "0.1.0"
     reads: ClassVar[tuple[str, ...]] = (
         ISOLATED, NOHZ_FULL, ONLINE, CMDLINE, OS_RELEASE, MSI_IRQS, IRQ_AFFINITY,
         *IRQBALANCE_FILES, gpupath.OSRELEASE, *gpupath.NODE_READS, *bootloader.READS,
