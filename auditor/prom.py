@@ -174,11 +174,12 @@ def _measurement_lines(reports: Sequence[Report]) -> list[str]:
                 except ValueError:
                     continue
                 metric = key[len(_MEASURED):]
-                series = (report.host, finding.check, finding.subject, finding.aspect, metric)
+                series = (report.label, report.machine_id, finding.check, finding.subject,
+                          finding.aspect, metric)
                 if not metric or not math.isfinite(number) or series in seen:
                     continue
                 seen.add(series)
-                labels = _labels([("host", report.host), ("check", finding.check),
+                labels = _labels([*identity_labels(report), ("check", finding.check),
                                   ("subject", finding.subject), ("aspect", finding.aspect),
                                   ("metric", metric)])
                 lines.append(f"host_auditor_measurement{labels} {number:.10g}")

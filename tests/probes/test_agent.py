@@ -184,3 +184,60 @@ def test_link_is_read_from_sysfs_during_the_copy(run_agent: RunAgent, tmp_path: 
     assert h2d.status.value == "pass" and d2h.status.value == "pass"
     assert "88% of the Gen5 x16 payload limit (63.0 GB/s)" in h2d.message
     assert dict(h2d.evidence)["link_during"] == "Gen5 x16 (32 GT/s x16)"
+
+
+def test_a_busy_gpu_is_refused_unless_forced(run_agent: RunAgent, fake_nvml: Path,
+                                             tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger"
+    busy = {"FAKE_NVML_PROCS": "2", "FAKE_CUDA_LEDGER": str(ledger)}
+    item = run_agent("--probe", "copy", "--bytes", str(1 << 20), env=busy,
+                     libraries=[fake_nvml])["answer"]["data"]["gpus"][0]
+    assert item["refused"] == "2 compute process(es) running"
+    assert "h2d" not in item and not ledger.exists()  # nothing was allocated
+    (finding,) = judge.judge_copy({"gpus": [item]}, ("h2d",))
+    assert finding.status.value == "skip" and "--force" in finding.message
+    item = run_agent("--probe", "copy", "--bytes", str(1 << 20), "--force", env=busy,
+                     libraries=[fake_nvml])["answer"]["data"]["gpus"][0]
+    assert item["h2d"]["gbps"] > 0 and item["busy"]["processes"] == 2
+    assert ledger.read_text() == "host=0 device=0\n"
+    item = run_agent("--probe", "copy", "--bytes", str(1 << 20), env={"FAKE_NVML_UTIL": "37"},
+                     libraries=[fake_nvml])["answer"]["data"]["gpus"][0]
+    assert item["refused"] == "37% utilisation"
+
+
+def test_nvml_gives_the_link_where_sysfs_has_none(run_agent: RunAgent, fake_nvml: Path) -> None:
+    data = run_agent("--probe", "copy", "--bytes", str(1 << 20), "--sys", "/nonexistent",
+                     env={"FAKE_CUDA_GBPS": "27.0", "FAKE_NVML_GEN": "4"},
+                     libraries=[fake_nvml])["answer"]["data"]
+    assert data["gpus"][0]["h2d"]["link_during"]["nvml"] == {"current_gen": 4,
+                                                             "current_width": 16}
+    (h2d,) = judge.judge_copy(data, ("h2d",))
+    assert h2d.status.value == "pass"
+    assert "86% of the Gen4 x16 payload limit (31.5 GB/s)" in h2d.message
+
+
+def test_amd_gpus_are_measured_through_hip(fake_hip: Path, tmp_path: Path) -> None:
+    # No libcuda.so.1 on the path: the HIP runtime is the one found.
+    import ctypes.util
+    import json
+    import subprocess
+    import sys
+
+    if ctypes.util.find_library("cuda"):
+        pytest.skip("this machine has a CUDA driver, which the probe would take first")
+    ledger = tmp_path / "ledger"
+    environment = {**os.environ, "LD_LIBRARY_PATH": str(fake_hip), "FAKE_HIP_GBPS": "48",
+                   "FAKE_CUDA_LEDGER": str(ledger)}
+    done = subprocess.run([sys.executable, "-I", agent.__file__, "--probe", "copy", "--bytes",
+                           str(1 << 20)], env=environment, capture_output=True, text=True,
+                          timeout=60, check=True)
+    line = [x for x in done.stdout.splitlines() if x.startswith(agent.MARK)][-1]
+    data = json.loads(line[len(agent.MARK):])["answer"]["data"]
+    assert data["driver"] == "hip"
+    item = data["gpus"][0]
+    assert item["gpu"] == {"index": 0, "name": "Fake MI300X", "bdf": "0000:05:00.0",
+                           "memory_bytes": 1 << 30}
+    assert item["h2d"]["gbps"] == pytest.approx(48, rel=1e-3)
+    assert item["d2h"]["gbps"] == pytest.approx(48, rel=1e-3)
+    assert item["busy"] == {"known": False, "reason": "no busy check for HIP GPUs"}
+    assert ledger.read_text() == "host=0 device=0\n"
