@@ -122,6 +122,7 @@ class NcclEnv(Check[CheckOptions]):
 
     id: ClassVar[str] = "nccl.env"
     severity: ClassVar[Severity] = Severity.MEDIUM
+    version_added: ClassVar[str] = "0.1.0"
     reads: ClassVar[tuple[str, ...]] = (
         ETC_NCCL, *USER_NCCL, ENVIRONMENT, PROFILE_D, *ENV_FILES, *VLLM_CACHES,
         *serving.UNIT_READS, *pci.DEVICE_READS, *where.READS,
