@@ -7,6 +7,8 @@
  * FAKE_CUDA_INIT     the code cuInit returns (default 0)
  * FAKE_CUDA_HANG     "init": cuInit never returns (after writing the pid to FAKE_CUDA_PIDFILE)
  * FAKE_CUDA_FAIL     "copy": asynchronous copies fail (CUDA_ERROR_LAUNCH_FAILED, 719)
+ * FAKE_CUDA_PEER_ON_GBPS  the rate of peer copies while peer access is on (default: the
+ *                    same as FAKE_CUDA_GBPS); below it, the signature of a redirected path
  * FAKE_CUDA_LEDGER   a file holding "host=N device=N": the buffers allocated and not yet
  *                    freed, rewritten at each allocation and free (the probe's child ends
  *                    with _exit, which runs no destructor)
@@ -20,7 +22,8 @@
 typedef int CUresult;
 static long host_live, device_live;
 static size_t device_bytes;
-static double queued;
+static double queued, slow;
+static int peer_on;
 static int current;
 
 static const char *env(const char *name, const char *fallback) {
@@ -93,21 +96,29 @@ CUresult cuMemcpyDtoH_v2(void *h, uint64_t d, size_t n) { return copy(h, (void *
 CUresult cuMemcpyHtoDAsync_v2(uint64_t d, const void *h, size_t n, void *s) { (void)s; return copy((void *)(uintptr_t)d, h, n, 1); }
 CUresult cuMemcpyDtoHAsync_v2(void *h, uint64_t d, size_t n, void *s) { (void)s; return copy(h, (void *)(uintptr_t)d, n, 1); }
 CUresult cuMemcpyPeerAsync(uint64_t d, void *dc, uint64_t s, void *sc, size_t n, void *st) {
-    (void)dc; (void)sc; (void)st; return copy((void *)(uintptr_t)d, (void *)(uintptr_t)s, n, 1);
+    (void)dc; (void)sc; (void)st;
+    if (peer_on && getenv("FAKE_CUDA_PEER_ON_GBPS")) {
+        memcpy((void *)(uintptr_t)d, (void *)(uintptr_t)s, n); slow += (double)n; return 0;
+    }
+    return copy((void *)(uintptr_t)d, (void *)(uintptr_t)s, n, 1);
 }
 CUresult cuDeviceCanAccessPeer(int *ok, int a, int b) { (void)a; (void)b; *ok = 1; return 0; }
-CUresult cuCtxEnablePeerAccess(void *c, unsigned f) { (void)c; (void)f; return 0; }
-CUresult cuCtxDisablePeerAccess(void *c) { (void)c; return 0; }
+CUresult cuCtxEnablePeerAccess(void *c, unsigned f) { (void)c; (void)f; peer_on = 1; return 0; }
+CUresult cuCtxDisablePeerAccess(void *c) { (void)c; peer_on = 0; return 0; }
 CUresult cuStreamCreate(void **s, unsigned f) { (void)f; *s = malloc(1); return 0; }
 CUresult cuStreamDestroy_v2(void *s) { free(s); return 0; }
-CUresult cuEventCreate(void **e, unsigned f) { (void)f; *e = malloc(sizeof(double)); return 0; }
+CUresult cuEventCreate(void **e, unsigned f) { (void)f; *e = malloc(2 * sizeof(double)); return 0; }
 CUresult cuEventDestroy_v2(void *e) { free(e); return 0; }
-CUresult cuEventRecord(void *e, void *s) { (void)s; *(double *)e = queued; return 0; }
+CUresult cuEventRecord(void *e, void *s) {
+    (void)s; ((double *)e)[0] = queued; ((double *)e)[1] = slow; return 0;
+}
 CUresult cuEventSynchronize(void *e) { (void)e; return 0; }
 CUresult cuEventElapsedTime_v2(float *ms, void *a, void *b) {
     double gbps = atof(env("FAKE_CUDA_GBPS", "50"));
-    double bytes = *(double *)b - *(double *)a;
-    *ms = (float)(bytes < 16 * 100 ? 0.001 : bytes / (gbps * 1e9) * 1e3);
+    double peer = atof(env("FAKE_CUDA_PEER_ON_GBPS", "1"));
+    double bytes = ((double *)b)[0] - ((double *)a)[0];
+    double slow_bytes = ((double *)b)[1] - ((double *)a)[1];
+    *ms = (float)(bytes / (gbps * 1e9) * 1e3 + slow_bytes / (peer * 1e9) * 1e3);
     return 0;
 }
 CUresult cuGetErrorName(CUresult code, const char **name) {

@@ -72,3 +72,47 @@ def test_bad_options_are_usage_errors(args: list[str],
     assert main(["probe", *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith("audit: error: ") and err.count("\n") == 1
+
+
+def test_a_redirected_peer_path_fails_and_points_at_acs_and_iommu(
+        fake_cuda: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(fake_cuda))
+    monkeypatch.setenv("FAKE_CUDA_DEVICES", "2")
+    monkeypatch.setenv("FAKE_CUDA_GBPS", "21")
+    monkeypatch.setenv("FAKE_CUDA_PEER_ON_GBPS", "10")
+    assert main(["probe", "--probe", "p2p", "-f", "json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    pairs = {f["subject"]: f for f in report["findings"]}
+    assert set(pairs) == {"0000:41:00.0->0000:42:00.0", "0000:42:00.0->0000:41:00.0"}
+    for finding in pairs.values():
+        assert finding["status"] == "fail"
+        assert "peer access on is slower (10.0 GB/s) than off (21.0 GB/s)" in finding["message"]
+        # This machine's own pcie.acs and iommu.mode findings were gathered: named where they
+        # warn or fail, else the checks to run are.
+        assert "corroborates pcie.acs" in finding["message"] or (
+            "--check pcie.acs --check iommu.mode" in finding["message"]
+            or "corroborates iommu.mode" in finding["message"])
+
+
+def test_the_acs_findings_of_the_host_are_the_ones_named(
+        fake_cuda: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from auditor.cli import probe
+    from auditor.model import Finding, Severity, Status
+
+    asked: list[str] = []
+
+    def acs(host: object, request: object) -> list[Finding]:
+        asked.append(type(host).__name__)
+        return [Finding(check="pcie.acs", status=Status.FAIL, severity=Severity.HIGH,
+                        subject="0000:40:01.1", message="ACS redirect")]
+
+    monkeypatch.setattr(probe, "related_findings", acs)
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(fake_cuda))
+    monkeypatch.setenv("FAKE_CUDA_DEVICES", "2")
+    monkeypatch.setenv("FAKE_CUDA_PEER_ON_GBPS", "10")
+    assert main(["probe", "--probe", "p2p", "-f", "json"]) == 1
+    findings = json.loads(capsys.readouterr().out)["findings"]
+    assert asked == ["LocalHost"]  # gathered once, from this machine
+    assert all("corroborates pcie.acs fail on 0000:40:01.1" in f["message"] for f in findings)
