@@ -101,6 +101,7 @@ class BootModuleSigning(Check[CheckOptions]):
 
     id: ClassVar[str] = "boot.module_signing"
     severity: ClassVar[Severity] = Severity.CRITICAL
+    version_added: ClassVar[str] = "0.1.0"
     reads: ClassVar[tuple[str, ...]] = (
         EFI, SECURE_BOOT, MOK_LIST, MOK_LIST_TABLE, LOCKDOWN, CMDLINE, *DKMS_KEYS,
         kernels.KERNEL_CONFIGS, *kernels.RELEASE_READS, *kernels.NEXT_BOOT_READS,
