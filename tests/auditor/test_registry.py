@@ -83,23 +83,24 @@ def test_every_builtin_declares_the_release_that_added_it() -> None:
 
     builtins = [c for c in load_checks() if c.__module__.startswith("auditor.checks.")]
     assert len(builtins) >= 20
+    assert [c.id for c in builtins if not c.version_added] == []
     assert all(release(c.version_added) <= release(__version__) for c in builtins)
 
 
-@pytest.mark.parametrize(("cls", "message"), [
-    (Unversioned, "declare version_added"),
-    (FromTheFuture, "version_added 99.0 is later than this release"),
-])
-def test_a_builtin_is_held_to_its_version_added(cls: type, message: str) -> None:
+def test_a_builtin_is_held_to_its_version_added() -> None:
     from auditor.entrypoints import Point
 
-    point = Point(registry.DISTRIBUTION, "numa.balancing", f"{__name__}:{cls.__name__}")
-    with pytest.raises(RegistryError, match=message):
+    point = Point(registry.DISTRIBUTION, "numa.balancing", f"{__name__}:FromTheFuture")
+    with pytest.raises(RegistryError, match=r"version_added 99\.0 is later than this release"):
         registry._load_points([point])
+    # One without loads (every command keeps working); the test above fails for it.
+    unversioned = Point(registry.DISTRIBUTION, "numa.balancing", f"{__name__}:Unversioned")
+    assert registry._load_points([unversioned]) == [Unversioned]
     # A plug-in's version is its own distribution's: not compared with host-auditor's.
     real = Point(registry.DISTRIBUTION, "numa.balancing",
                  "auditor.checks.numa_balancing:NumaBalancing")
-    assert registry._load_points([real, Point("other", "numa.balancing", point.value)])[1] is cls
+    assert registry._load_points([real, Point("other", "numa.balancing", point.value)])[
+        1] is FromTheFuture
 
 
 def test_validation_rejects_what_is_not_a_check() -> None:
@@ -266,9 +267,11 @@ def test_a_plugin_whose_entry_point_name_is_not_its_id_is_refused(plugin: Path) 
 
 def test_select_takes_patterns_of_ids() -> None:
     checks = load_checks()
-    assert {c.id for c in select(checks, only=["cpu.*"])} == {"cpu.governor", "cpu.cstates"}
+    cpu = {c.id for c in select(checks, only=["cpu.*"])}
+    assert cpu == {c.id for c in checks if c.id.startswith("cpu.")}
+    assert {"cpu.governor", "cpu.cstates"} <= cpu
     rest = {c.id for c in select(checks, only=["*"], skip=["cpu.*", "pcie.*"])}
     assert rest == {c.id for c in checks} - {c.id for c in checks
                                              if c.id.startswith(("cpu.", "pcie."))}
-    with pytest.raises(UsageError, match=r"unknown check id 'gpu\.\*'"):
-        select(checks, only=["gpu.*"])
+    with pytest.raises(UsageError, match=r"unknown check id 'zz\.\*'"):
+        select(checks, only=["zz.*"])
