@@ -49,8 +49,9 @@ def compression_of(raw: bytes | bytearray) -> str:
 
 
 def _member_path(name: str, names: Names | None = None) -> str:
-    if not name.isascii() and names is not None:
-        # A name that is not UTF-8 arrives surrogate-escaped: make it the host's text once.
+    if names is not None and (not name.isascii() or "\\" in name):
+        # A name that is not UTF-8 arrives surrogate-escaped: make it the host's text once
+        # (one with a backslash too: its text must not be another name's escape).
         name = names.text(name.encode("utf-8", "surrogateescape"))
     if name and name[0] not in "./" and "/." not in name and "//" not in name \
             and name[-1] != "/":
@@ -216,7 +217,7 @@ class ArchiveHost(Host):
             self._children.setdefault(path, set())
         elif kind == 0x32:  # "2"
             linkname = member.linkname
-            if not linkname.isascii():
+            if not linkname.isascii() or "\\" in linkname:
                 linkname = names.text(linkname.encode("utf-8", "surrogateescape"))
             entry = Entry("link", target=linkname)
         elif kind == 0x31:  # "1"

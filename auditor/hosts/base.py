@@ -40,35 +40,56 @@ class Names:
 
     A Linux file name is any bytes but NUL and ``/``. One that is not UTF-8 becomes
     text with each stray byte written ``\\xNN`` (Python's ``backslashreplace``), so
-    reports, JSON and Prometheus labels are valid text and two such names stay
-    distinct; the backend keeps the raw bytes of every name it escaped, to reach the
-    file again.
+    reports, JSON and Prometheus labels are valid text; the backend keeps the raw bytes
+    of every name it escaped, to reach the file again.
+
+    The text of each name is unique: a name that is UTF-8 and already reads ``\\xNN``
+    (``50-\\xff.conf``, so written on disk) and one whose byte 0xff is escaped to the
+    same text are two files, and stay two. Whichever of them is met second has its
+    backslashes doubled until its text is free (``50-\\\\xff.conf``), and is reached
+    through its raw bytes like any escaped name.
     """
 
     def __init__(self) -> None:
         self._raw: dict[str, bytes] = {}
+        #: UTF-8 names holding a backslash that are their own text (an escape must not be).
+        self._plain: set[str] = set()
 
     def text(self, raw: bytes) -> str:
-        """Return one name (or a path whose names are all UTF-8) as text."""
+        """Return one name (or a path, each name in it made text) as text."""
         try:
-            return raw.decode("utf-8")
+            text = raw.decode("utf-8")
         except UnicodeDecodeError:
-            pass
-        if b"/" in raw:
+            if b"/" in raw:
+                return "/".join(self.text(part) for part in raw.split(b"/"))
+            return self._unique(raw.decode("utf-8", "backslashreplace"), raw)
+        if "\\" not in text:
+            return text
+        if "/" in text:
             return "/".join(self.text(part) for part in raw.split(b"/"))
-        text = raw.decode("utf-8", "backslashreplace")
-        self._raw.setdefault(text, raw)
-        return text
+        known = self._raw.get(text)
+        if known is None or known == raw:
+            if known is None:
+                self._plain.add(text)
+            return text
+        return self._unique(text, raw)  # an escaped name took this text first
+
+    def _unique(self, text: str, raw: bytes) -> str:
+        """Return ``text`` for ``raw``, its backslashes doubled while another name holds it."""
+        while True:
+            known = self._raw.get(text)
+            if known == raw:
+                return text
+            if known is None and text not in self._plain:
+                self._raw[text] = raw
+                return text
+            text = text.replace("\\", "\\\\")
 
     def from_os(self, name: str) -> str:
         """Return a name Python decoded with ``surrogateescape`` (``os.listdir``) as text."""
-        if name.isascii():
+        if name.isascii() and "\\" not in name:
             return name
-        try:
-            name.encode("utf-8")
-            return name
-        except UnicodeEncodeError:
-            return self.text(name.encode("utf-8", "surrogateescape"))
+        return self.text(name.encode("utf-8", "surrogateescape"))
 
     def raw(self, path: str) -> bytes:
         """Return the bytes of a path whose names came from :meth:`text`."""
