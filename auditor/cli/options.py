@@ -244,7 +244,14 @@ def ssh_options(user: str | None, port: int | None, identity: str | None, sudo: 
                 ssh_config: str | None, root: str | None = None) -> SshOptions:
     """Return the SSH options the command line asked for; a bad key or config file is a
     usage error naming it, before any host is tried."""
-    from auditor.hosts.ssh import SshOptions
+    try:
+        import paramiko  # noqa: F401 - only to tell a build without SSH before any host
+
+        from auditor.hosts.ssh import SshOptions
+    except ImportError as exc:
+        raise UsageError(f"auditing over SSH needs fabric and paramiko, which this audit "
+                         f"lacks ({exc}; the single-file build carries no SSH): install the "
+                         "package on this machine (pip install host-auditor)") from exc
 
     if identity is not None:
         _readable_file(identity, "identity key file")

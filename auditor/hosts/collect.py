@@ -213,7 +213,12 @@ def module_sources(*modules: ModuleType) -> bytes:
     for module in modules:
         path = module.__file__
         assert path is not None
-        with open(path, "rb") as handle:
+        # Through the module's loader: a file, or a member of the single-file build's zip.
+        loader = getattr(module, "__loader__", None)
+        if loader is not None and hasattr(loader, "get_data"):
+            parts.append(loader.get_data(path))
+            continue
+        with open(path, "rb") as handle:  # pragma: no cover - every loader above has one
             parts.append(handle.read())
     return b"\n".join(parts)
 

@@ -270,8 +270,12 @@ class LocalHost(Host):
         return run_bash(script)
 
     def processes(self) -> frozenset[str] | None:
-        """Return the names of running processes, as psutil sees them."""
-        import psutil  # deferred: only the governor check asks, and only on the live host
+        """Return the names of running processes, as psutil sees them (from ``/proc``
+        where psutil is not installed: the single-file build carries no compiled code)."""
+        try:
+            import psutil  # deferred: only the governor check asks, and only on the live host
+        except ImportError:
+            return proc_names()
 
         names: set[str] = set()
         for proc in psutil.process_iter(["name"]):
@@ -279,3 +283,40 @@ class LocalHost(Host):
             if name:
                 names.add(str(name))
         return frozenset(names)
+
+
+#: The longest process name the kernel keeps in ``/proc/PID/comm`` (TASK_COMM_LEN - 1).
+COMM_LEN = 15
+
+
+def proc_names(proc: str = "/proc") -> frozenset[str]:
+    """Return the names of running processes as psutil's ``Process.name()`` gives them.
+
+    The kernel's ``comm`` holds 15 bytes at most; where it is that long, psutil takes the
+    command line's first word's base name when it starts with ``comm``
+    (psutil/_pslinux.py, ``Process.name`` and psutil/__init__.py), and so does this.
+    A process that ends meanwhile, or whose files cannot be read, is left out.
+    """
+    names: set[str] = set()
+    try:
+        pids = [entry for entry in os.listdir(proc) if entry.isdigit()]
+    except OSError:
+        return frozenset()
+    for pid in pids:
+        try:
+            with open(f"{proc}/{pid}/comm", "rb") as handle:
+                name = handle.read(64).rstrip(b"\n").decode("utf-8", "replace")
+        except OSError:
+            continue
+        if len(name) >= COMM_LEN:
+            try:
+                with open(f"{proc}/{pid}/cmdline", "rb") as handle:
+                    first = handle.read(4096).split(b"\0", 1)[0]
+            except OSError:
+                first = b""
+            full = os.path.basename(first.decode("utf-8", "replace"))
+            if full.startswith(name):
+                name = full
+        if name:
+            names.add(name)
+    return frozenset(names)

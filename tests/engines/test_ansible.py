@@ -25,6 +25,7 @@ import yaml
 from tests.engines.conftest import SshTarget
 from tests.support.fixkit import tree_hash
 from tests.support.hostgen import FIXED_BY_SCRIPT
+from tests.support.pyz import audit_pyz
 
 REPO = Path(__file__).resolve().parents[2]
 COLLECTIONS = REPO / "ansible"
@@ -292,6 +293,30 @@ def test_installed_mode_runs_the_module_on_the_target(ansible: Ansible, image: P
     assert "pcie.mrrs 0000:18:00.0: 4096" in results["check"]["diff"]["after"]
     assert results["tune"]["changed"] is True and results["again"]["changed"] is False
     assert tree_hash(image) != before
+
+
+def test_installed_mode_runs_the_single_file_build_pushed_by_ansible(
+    ansible: Ansible, image: Path, tmp_path: Path
+) -> None:
+    """A node whose Python has nothing of host-auditor: Ansible copies the build there and
+    the module runs with it (the README's play, to a scratch path instead of
+    /usr/local/bin)."""
+    expected = audit_json(image)
+    nodes_bin = tmp_path / "node-bin"
+    nodes_bin.mkdir()
+    nodes_bin.chmod(0o755)
+    pushed = nodes_bin / "audit"
+    code, results, output = ansible.playbook([
+        {"name": "push", "ansible.builtin.copy": {"src": str(audit_pyz()), "dest": str(pushed),
+                                                  "mode": "0755"}, "register": "push"},
+        {**audit_task(root=str(image), mode="installed", executable=str(pushed),
+                      fail_on="never"),
+         "vars": {"ansible_python_interpreter": "/usr/bin/python3"}},
+    ])
+    assert code == 0, output
+    assert results["push"]["changed"] is True and os.access(pushed, os.X_OK)
+    assert comparable(results["audit"]["ansible_facts"]["host_auditor"]) == comparable(expected)
+    assert results["audit"]["msg"].startswith("FAIL ")
 
 
 def test_installed_mode_without_host_auditor_says_so(ansible: Ansible) -> None:

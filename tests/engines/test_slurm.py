@@ -16,13 +16,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.pyz import audit_pyz
 from tests.support.sshd import free_port, wait_for_port
 from tests.support.sysroot import CAPTURES
 
 REPO = Path(__file__).resolve().parents[2]
 SLURM = REPO / "contrib" / "slurm"
 BIN = Path(sys.executable).parent
-AUDIT = BIN / "audit"
+#: The nodes run the single-file build (contrib/pyz/build.py), installed where the scripts
+#: look, not this checkout: ``audit_pyz()`` (built once per test process).
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
 
@@ -60,7 +62,7 @@ class Cluster:
         """Point the contrib scripts at this cluster, with these ``audit local`` options."""
         self.settings.write_text(
             f"export SLURM_CONF={self.conf}\n"
-            f"AUDIT={AUDIT}\n"
+            f"AUDIT={audit_pyz()}\n"
             f"AUDIT_ARGS='{' '.join(audit_args)}'\n"
             f"STATE_DIR={self.workdir / 'results'}\n")
 
@@ -189,7 +191,7 @@ def cluster(start_cluster: Callable[..., Cluster]) -> Cluster:
 
 
 def expected_line(root: Path) -> str:
-    proc = subprocess.run([str(AUDIT), "local", "--root", str(root), "--format", "line"],
+    proc = subprocess.run([str(audit_pyz()), "local", "--root", str(root), "--format", "line"],
                           capture_output=True, text=True, check=False)
     return proc.stdout.strip()
 
@@ -331,7 +333,7 @@ log() { printf 'log %s\n' "$*"; }
 
 def run_nhc_check(root: Path | str, *args: str, state: Path) -> tuple[int, list[str]]:
     script = (NHC_STUBS
-              + f"HOST_AUDITOR={AUDIT}\nHOST_AUDITOR_STATE_DIR={state}\n"
+              + f"HOST_AUDITOR={audit_pyz()}\nHOST_AUDITOR_STATE_DIR={state}\n"
               + f". {SLURM / 'nhc' / 'host_auditor.nhc'}\n"
               + "check_host_auditor --root \"$1\" \"${@:2}\"\n")
     started = time.monotonic()

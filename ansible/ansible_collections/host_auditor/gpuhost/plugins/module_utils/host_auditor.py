@@ -18,7 +18,39 @@ ARGUMENT_SPEC = {
     "profile": {"type": "str"},
     "root": {"type": "path"},
     "mode": {"type": "str", "default": "agentless", "choices": ["agentless", "installed"]},
+    "executable": {"type": "path", "default": "/usr/local/bin/audit"},
 }
+
+#: Where the engines look for ``audit`` on a node: the single-file build (a zipapp) is
+#: imported from there when the target's Python has no host-auditor of its own.
+EXECUTABLES = ("/usr/local/bin/audit", "/opt/host-auditor/bin/audit")
+
+
+def import_auditor(executable=None):
+    """Make ``auditor`` importable; return None, or the ImportError when it cannot be.
+
+    The target's Python may have host-auditor installed; otherwise the single-file build
+    (``python3 contrib/pyz/build.py``) at ``executable`` or where the engines look is a zip
+    that Python imports from as it is.
+    """
+    import sys
+    import zipfile
+
+    try:
+        import auditor.hosts
+        return None
+    except ImportError as exc:
+        first = exc
+    for candidate in dict.fromkeys([executable, *EXECUTABLES]):
+        if not candidate or not zipfile.is_zipfile(candidate):
+            continue
+        sys.path.insert(0, candidate)
+        try:
+            import auditor.hosts  # noqa: F401
+            return None
+        except ImportError:
+            sys.path.remove(candidate)
+    return first
 
 #: The statuses a fix acts on (host-auditor's FIXABLE).
 _FIXABLE = ("fail", "warn")

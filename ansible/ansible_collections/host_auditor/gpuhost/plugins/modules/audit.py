@@ -69,6 +69,14 @@ options:
     type: str
     choices: [agentless, installed]
     default: agentless
+  executable:
+    description:
+      - With O(mode=installed), where the single-file build of host-auditor
+        (C(python3 contrib/pyz/build.py)) is on a target whose Python has no host-auditor
+        installed; C(/opt/host-auditor/bin/audit) is tried too. Push it first with
+        M(ansible.builtin.copy).
+    type: path
+    default: /usr/local/bin/audit
 attributes:
   check_mode:
     support: full
@@ -103,6 +111,18 @@ EXAMPLES = r"""
   host_auditor.gpuhost.audit:
     state: tuned
     skip: [kernel.version]
+  become: true
+
+- name: Put the single-file build where the engines look (built by contrib/pyz/build.py)
+  ansible.builtin.copy:
+    src: dist/audit.pyz
+    dest: /usr/local/bin/audit
+    mode: "0755"
+  become: true
+
+- name: Audit on the node itself, with that build
+  host_auditor.gpuhost.audit:
+    mode: installed
   become: true
 
 - name: Fix an image kept on the node before it is provisioned
@@ -181,17 +201,18 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib  # no
 from ansible_collections.host_auditor.gpuhost.plugins.module_utils.host_auditor import (  # noqa: E402
     ARGUMENT_SPEC,
     AuditFailure,
+    import_auditor,
     run,
 )
 
 
 def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    try:
-        from auditor.hosts import LocalHost, open_sysroot
-    except ImportError:
+    if import_auditor(module.params["executable"]) is not None:
         module.fail_json(msg=missing_required_lib(
-            "host-auditor", reason="in the Python of ansible_python_interpreter (mode=installed)"))
+            "host-auditor", reason="in the Python of ansible_python_interpreter, or its "
+            f"single-file build at {module.params['executable']} (mode=installed)"))
+    from auditor.hosts import LocalHost, open_sysroot
     root = module.params["root"]
 
     def open_host():
