@@ -95,7 +95,7 @@ def parse_output(text: str) -> dict[str, Any]:
         if line.startswith(agent.MARK):
             try:
                 document = json.loads(line[len(agent.MARK):])
-            except ValueError:
+            except (ValueError, RecursionError):  # a host's answer nested to blow the stack
                 break
             if not isinstance(document, dict) or document.get("protocol") != agent.PROTOCOL:
                 return {"answer": {"status": "error",
