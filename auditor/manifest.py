@@ -27,7 +27,8 @@ from auditor.errors import SnapshotError
 from auditor.hosts.base import Host
 from auditor.parsing import lazy_re
 
-#: Where the manifest lives in a capture: host-auditor's own folder, which no check reads.
+#: Where the manifest lives in a capture: host-auditor's own folder, where nothing of the
+#: host's files is kept; checks read only the GPU state there (auditor.hosts.gpustate).
 FOLDER = "/host-auditor"
 PATH = FOLDER + "/manifest.json"
 #: Bump when a field's meaning changes; a reader refuses a format it does not know.

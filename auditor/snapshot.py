@@ -172,7 +172,22 @@ def rebuild(source: Host, patterns: Sequence[str], daemons: frozenset[str],
     for pattern in patterns:
         for path in source.glob(pattern):
             add_path(path)
-    own = dict(tool_files or {})
+    # The GPU state the collector made from the driver's answers (auditor.hosts.gpustate)
+    # is host-auditor's own file too, kept in its folder: nvidia-smi's XML without its
+    # process lists (no command line), how the command ended, NVML's state, the Xid lines.
+    own: dict[str, bytes] = {}
+    for pattern in patterns:
+        if gpu_state_read(pattern) and pattern not in (tool_files or {}):
+            try:
+                state = source.read_bytes(pattern, 8 << 20)
+            except OSError:
+                continue
+            if pattern == "/host-auditor/nvidia-smi.xml":
+                from auditor.hosts.gpustate import sanitise_xml
+
+                state = sanitise_xml(state)
+            own[pattern] = state
+    own.update(tool_files or {})
     for path in own:
         if not path.startswith(FOLDER + "/"):
             raise ValueError(f"{path}: host-auditor's files go in {FOLDER}")
@@ -232,8 +247,21 @@ def capture_local(checks: Sequence[CheckClass]) -> Rebuilt:
     from auditor.registry import collected_paths
 
     patterns = collected_paths(checks)
-    collected = ArchiveHost(collect_tar(patterns), "local")
+    extra: dict[str, bytes] = {}
+    if any(gpu_state_read(p) for p in patterns):
+        from auditor.hosts import gpustate
+
+        # NVML's normalised state where the extra is installed (what a live audit judges);
+        # the collector adds nvidia-smi's XML beside it, for any reader of the capture.
+        if gpustate.nvidia_gpu_bound() and gpustate.nvml_available():
+            extra = gpustate.run_nvml()
+    collected = ArchiveHost(collect_tar(patterns, extra=extra), "local")
     return rebuild(collected, patterns, daemons_of(checks), manifest_files(checks, patterns))
+
+
+def gpu_state_read(pattern: str) -> bool:
+    """Return whether a pattern names the GPU state's virtual files (auditor.hosts.gpustate)."""
+    return pattern == "/host-auditor" or pattern.startswith("/host-auditor/")
 
 
 def capture_remote(target: str, checks: Sequence[CheckClass],

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, ClassVar
 from auditor.check import Check, CheckOptions, Trigger
 from auditor.checks.lib import kernels, modprobe, nvidia, packages, pci
 from auditor.environment import READS as ENVIRONMENT_READS
+from auditor.hosts import gpufiles
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity
 
@@ -70,6 +71,7 @@ class NvidiaDriver(Check[CheckOptions]):
         *kernels.MODULE_READS,
         *modprobe.READS,
         *ENVIRONMENT_READS,
+        *gpufiles.READS,
     )
     fix_reads: ClassVar[tuple[str, ...]] = modprobe.INITRAMFS_READS
     rationale: ClassVar[str] = (
@@ -98,21 +100,46 @@ class NvidiaDriver(Check[CheckOptions]):
             yield self.skipped("userspace", f"{len(gpus)} NVIDIA GPU(s) bound to a passthrough "
                                "driver: no host driver expected")
             return
-        yield self._userspace(host, driver)
+        yield self._userspace(host, driver, gpus)
         yield self._upgrades(host)
         if gpus:
             yield self._nouveau(host, gpus)
 
     # -- module against userspace -----------------------------------------------------------
 
-    def _userspace(self, host: Host, driver: nvidia.LoadedDriver | None) -> Finding:
+    def _userspace(self, host: Host, driver: nvidia.LoadedDriver | None,
+                   gpus: Sequence[pci.PciDevice] = ()) -> Finding:
         space = nvidia.userspace(host)
+        # What the driver itself said where it was asked (NVML or nvidia-smi): the library
+        # missing, or a version mismatch, is this check's to judge.
+        from auditor.checks.lib import gpustate
+
+        state = gpustate.state(host)
+        said = state.error if state is not None else None
+        bound = [g.address for g in gpus if g.driver == "nvidia"]
         ev: dict[str, str] = {"libraries": " ".join(
             f"{lib.path}" for lib in space.libraries)[:2048]}
         if space.unsearched:
             ev["ld_so_conf_unsearched"] = " ".join(space.unsearched)[:512]
         if driver is not None:
             ev.update(loaded=driver.version, flavour=driver.flavour)
+        if said is not None:
+            ev["driver_said"] = f"{said[0]}: {said[1]}"[:300]
+        if said is not None and said[0] == "library_not_found" and bound:
+            return self.failed(
+                "userspace", f"{len(bound)} GPU(s) are bound to the nvidia driver "
+                f"({', '.join(bound[:4])}) but there is no NVIDIA userspace to use them "
+                f"({state.source if state else 'nvml'}: {said[1][:200]})",
+                observed="no userspace", expected=driver.version if driver else "nvidia driver",
+                evidence=ev, fix="install the userspace driver of the loaded module's version")
+        if said is not None and said[0] == "version_mismatch":
+            return self.failed(
+                "userspace", f"the driver refuses the userspace: {said[1][:200]} (NVML and "
+                "every new CUDA process fail until the module is reloaded or the host reboots)",
+                observed=driver.version if driver else "mismatch",
+                expected=", ".join(sorted(space.versions())) or "the module's version",
+                evidence=ev, fix="reload the nvidia modules with no GPU process running, or "
+                "reboot")
         if not space.libraries:
             where = (f"; ld.so.conf also names {', '.join(space.unsearched[:4])}, not searched"
                      if space.unsearched else "")

@@ -22,6 +22,7 @@ from auditor.check import Check, CheckOptions, Trigger
 from auditor.checks.lib import nvidia, pci, units
 from auditor.environment import READS as ENVIRONMENT_READS
 from auditor.environment import environment
+from auditor.hosts import gpufiles
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity
 
@@ -34,9 +35,13 @@ PIDFILES = ("/run/nvidia-persistenced/nvidia-persistenced.pid",
 COMM = "nvidia-persistenced"
 FLAG = "--no-persistence-mode"
 DROP_IN = f"/etc/systemd/system/{UNIT}.d/host-auditor-persistence.conf"
-#: Seen on a lent H200 VM: ``nvidia-smi -q`` said "Persistence Mode: Enabled" with no daemon.
-_LEGACY = ("persistence set by hand (nvidia-smi -pm 1) is not visible in files and lasts "
-           "until the next reboot; without it GPUs deinitialise when their last client exits")
+#: Where the driver's own state was not read: persistence set by hand cannot be told.
+_LEGACY = ("whether persistence was set by hand (nvidia-smi -pm 1, lost at reboot) cannot be "
+           "told without the driver's state")
+#: The driver logs "NVRM: Persistence mode is deprecated and will be removed in a future
+#: release. Please use nvidia-persistenced instead." when nvidia-smi -pm sets it.
+_BY_HAND = ("set by hand (nvidia-smi -pm 1, a mode the driver deprecates in favour of "
+            "nvidia-persistenced) and not kept across a reboot")
 
 
 def drop_in_text(argv: Sequence[str]) -> str:
@@ -46,6 +51,22 @@ def drop_in_text(argv: Sequence[str]) -> str:
     kept = [a for a in argv if a != FLAG]
     return ("# Written by host-auditor: keep persistence mode on.\n[Service]\nExecStart=\n"
             f"ExecStart={shlex.join(kept)}\n")
+
+
+def _effective(host: Host) -> str | None:
+    """Return the persistence mode the driver reports: on, off, partly, or None (unknown)."""
+    from auditor.checks.lib import gpustate
+
+    state = gpustate.state(host)
+    if state is None or state.error is not None:
+        return None
+    modes = [g.persistence_mode for g in state.gpus if g.error is None]
+    known = [m for m in modes if m is not None]
+    if not known:
+        return None
+    if all(known):
+        return "on"
+    return "off" if not any(known) else "partly"
 
 
 class NvidiaPersistence(Check[CheckOptions]):
@@ -67,6 +88,7 @@ class NvidiaPersistence(Check[CheckOptions]):
         *nvidia.DRIVER_READS,
         *pci.DEVICE_READS,
         *ENVIRONMENT_READS,
+        *gpufiles.READS,
     )
     rationale: ClassVar[str] = (
         "Without persistence the driver deinitialises a GPU when its last client exits: the "
@@ -106,23 +128,40 @@ class NvidiaPersistence(Check[CheckOptions]):
                               "exec_start_at": unit.exec_start_at,
                               "enabled_by": " ".join(unit.enabled_by), "udev_rule": udev}
         at_boot = bool(unit.enabled_by or udev)
+        effective = _effective(host)
+        if effective is not None:
+            ev["driver_persistence"] = effective
         if process is None:
             if not unit.installed and not host.exists("/run") and not any(
                     host.exists(d) for d in units.UNIT_DIRS):
+                if effective == "on":
+                    return self.passed(
+                        COMM, "persistence is on (the driver reports it enabled on every "
+                        "GPU); whether nvidia-persistenced keeps it across reboots cannot be "
+                        "told (no /run or systemd unit directory in this capture)",
+                        observed="on", evidence=ev)
                 return self.skipped(
                     COMM, "neither /run nor a systemd unit directory was read (a capture "
                     "without them): whether nvidia-persistenced runs cannot be told",
                     evidence=ev)
-            if not unit.installed:
+            where = ("not installed" if not unit.installed else "not running"
+                     + ("" if at_boot else " and nothing starts it at boot"))
+            if effective == "on":
                 return self.warned(
-                    COMM, "nvidia-persistenced is not running and not installed: nothing "
-                    f"keeps the GPUs initialised across reboots; {_LEGACY}",
-                    observed="not installed", expected="running", evidence=ev)
+                    COMM, "persistence is on now (the driver reports it enabled on every "
+                    f"GPU), but {_BY_HAND}: nvidia-persistenced is {where}",
+                    observed="on, set by hand", expected="nvidia-persistenced running",
+                    evidence=ev)
+            if effective in ("off", "partly"):
+                return self.warned(
+                    COMM, f"persistence is {effective} (the driver's own state) and "
+                    f"nvidia-persistenced is {where}: the driver deinitialises a GPU when its "
+                    "last client exits, and the next start pays its re-initialisation",
+                    observed=f"{effective}, no daemon", expected="running", evidence=ev)
             return self.warned(
-                COMM, "nvidia-persistenced is not running"
-                + ("" if at_boot else " and nothing starts it at boot")
-                + f": nothing keeps the GPUs initialised across reboots; {_LEGACY}",
-                observed="not running", expected="running", evidence=ev)
+                COMM, f"nvidia-persistenced is {where}: nothing keeps the GPUs initialised "
+                f"across reboots; {_LEGACY}", observed=where.split(" and")[0],
+                expected="running", evidence=ev)
         ev["pid"] = process.pid
         if not process.vouched:
             return self.skipped(

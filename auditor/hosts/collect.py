@@ -28,7 +28,7 @@ import shlex
 import tarfile
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import BinaryIO
@@ -55,19 +55,22 @@ _MAGIC = b"audit-collect 1 "
 
 
 def write_tar(out: BinaryIO, patterns: Sequence[str], *, compress: bool = False,
-              cap: int = FILE_CAP, root: str = "") -> None:
+              cap: int = FILE_CAP, root: str = "", extra: Mapping[str, bytes] | None = None
+              ) -> None:
     """Write a tar (gzip if ``compress``) of every path the patterns match on this machine.
 
     ``root``: match below this sysroot directory; the tar holds the sysroot's own paths.
+    ``extra``: files made here (path -> bytes) written first, such as the GPU state NVML read.
     """
-    collector_script.collect_to(out, list(patterns), compress=compress, cap=cap, root=root)
+    collector_script.collect_to(out, list(patterns), compress=compress, cap=cap, root=root,
+                                extra=dict(extra or {}))
 
 
 def collect_tar(patterns: Sequence[str], *, compress: bool = False, cap: int = FILE_CAP,
-                root: str = "") -> bytes:
+                root: str = "", extra: Mapping[str, bytes] | None = None) -> bytes:
     """Return a tar (gzip if ``compress``) of every path the patterns match on this machine."""
     buffer = io.BytesIO()
-    write_tar(buffer, patterns, compress=compress, cap=cap, root=root)
+    write_tar(buffer, patterns, compress=compress, cap=cap, root=root, extra=extra)
     return buffer.getvalue()
 
 
@@ -146,6 +149,41 @@ walk() {
         cur=$cand
     done
 }
+# The GPU state (auditor.hosts.gpustate): nvidia-smi's XML and how it ended, the kernel
+# log's NVIDIA lines. Emitted as files of the virtual /host-auditor directory.
+virtual_smi() {
+    [ -z "$smi_done" ] || return 0
+    smi_done=1
+    smi=$(command -v nvidia-smi 2>/dev/null) || smi=
+    if [ -z "$smi" ]; then
+        rc=127
+    else
+        printf 'F%s\0' /host-auditor/nvidia-smi.xml
+        if command -v timeout >/dev/null 2>&1; then
+            rc=$( { { timeout -s KILL 10 "$smi" -q -x 2>&1; echo "$?" >&3; } \
+                | head -c 8388608 | od -An -v -tx1 >&4; } 3>&1 )
+            [ "$rc" != 137 ] || rc=timeout
+        else
+            rc=$( { { "$smi" -q -x 2>&1; echo "$?" >&3; } \
+                | head -c 8388608 | od -An -v -tx1 >&4; } 3>&1 )
+        fi
+        printf '\0%s\0' 0
+    fi
+    printf 'F%s\0' /host-auditor/nvidia-smi.status
+    case $rc in
+        timeout) printf 'timeout 10\n' | od -An -v -tx1 ;;
+        127) printf 'exit 127\nnvidia-smi: command not found\n' | od -An -v -tx1 ;;
+        *) printf 'exit %s\n' "$rc" | od -An -v -tx1 ;;
+    esac
+    printf '\0%s\0' 0
+}
+virtual_kmsg() {
+    command -v dmesg >/dev/null 2>&1 || return 0
+    printf 'F%s\0' /host-auditor/kmsg
+    rc=$( { { dmesg 2>/dev/null; echo "$?" >&3; } | grep -e NVRM -e 'fallen off the bus' \
+        | tail -n 2000 | od -An -v -tx1 >&4; } 3>&1 )
+    printf '\0%s\0' "$rc"
+}
 [ "$1" != -z ] || shift
 R=
 if [ "$1" = -r ]; then
@@ -159,7 +197,13 @@ if [ "$1" = -r ]; then
 fi
 printf 'sh uid=%s\n' "$(id -u)"
 IFS=
+smi_done=
 for pattern in "$@"; do
+    case $pattern in
+        /host-auditor/nvidia-smi.xml|/host-auditor/nvidia-smi.status) virtual_smi; continue ;;
+        /host-auditor/kmsg) virtual_kmsg; continue ;;
+        /host-auditor/*) continue ;;
+    esac
     set +f
     set -- "$R"$pattern
     set -f

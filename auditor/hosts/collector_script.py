@@ -184,6 +184,108 @@ def expand(pattern: str, root: str = "", files: "Optional[HostFiles | TreeFiles]
     return [p for p in found if fs.lexists(p)]
 
 
+# -- the GPU state: commands whose output is kept as virtual files -----------------------------
+
+#: The virtual directory of the GPU state (auditor.hosts.gpustate): on a host's own ``/`` a
+#: pattern below it runs what makes the file instead of reading one; in a sysroot it is read.
+GPU_STATE_DIR = "/host-auditor"
+SMI_XML = GPU_STATE_DIR + "/nvidia-smi.xml"
+SMI_STATUS = GPU_STATE_DIR + "/nvidia-smi.status"
+KMSG = GPU_STATE_DIR + "/kmsg"
+SMI_CAP = 8 << 20
+SMI_DEADLINE = 10.0
+_KMSG_LIMIT = 16 << 20
+_KMSG_LINES = 2000
+
+
+def _status(kind, value, output=b""):
+    # type: (str, float, bytes) -> bytes
+    return ("%s %g\n" % (kind, value)).encode("ascii") + output[:4096]
+
+
+def _which(name):
+    # type: (str) -> Optional[str]
+    directories = os.environ.get("PATH", "/usr/bin:/bin").split(os.pathsep)
+    directories.extend(("/usr/bin", "/usr/sbin", "/bin", "/sbin"))
+    for directory in directories:
+        candidate = os.path.join(directory, name)
+        if directory and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def run_smi(deadline=SMI_DEADLINE, cap=SMI_CAP):
+    # type: (float, int) -> Dict[str, bytes]
+    """Run ``nvidia-smi -q -x`` within ``deadline`` seconds; return the virtual files.
+
+    The whole process group is killed at the deadline; one that cannot die (blocked on a
+    wedged GPU) is left behind, not waited for.
+    """
+    import signal
+    import subprocess
+
+    found = _which("nvidia-smi")
+    if found is None:
+        return {SMI_STATUS: _status("exit", 127, b"nvidia-smi: command not found\n")}
+    try:
+        proc = subprocess.Popen([found, "-q", "-x"], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    except OSError as exc:
+        return {SMI_STATUS: _status("exit", 126, str(exc).encode("utf-8", "replace"))}
+    try:
+        out, _ = proc.communicate(timeout=deadline)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        try:
+            proc.communicate(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            pass
+        return {SMI_STATUS: _status("timeout", deadline)}
+    out = out[:cap]
+    start = out.find(b"<?xml")
+    files = {}  # type: Dict[str, bytes]
+    if start >= 0:
+        files[SMI_XML] = out[start:]
+    # What it said besides the XML (a GPU it could not open), or all of it on failure.
+    said = out[:start] if start >= 0 else out
+    files[SMI_STATUS] = _status("exit", proc.returncode, said)
+    return files
+
+
+def read_kmsg(path="/dev/kmsg", limit=_KMSG_LIMIT):
+    # type: (str, int) -> Optional[bytes]
+    """Return the kernel log's NVIDIA lines (``/dev/kmsg`` records), None if unreadable."""
+    import errno
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    kept = []  # type: List[bytes]
+    total = 0
+    try:
+        while total < limit:
+            try:
+                record = os.read(fd, 8192)
+            except OSError as exc:
+                if exc.errno == errno.EPIPE:  # overwritten while read: go on with the next
+                    continue
+                break
+            if not record:
+                break
+            total += len(record)
+            if b"NVRM" in record or b"fallen off the bus" in record:
+                kept.append(record.rstrip(b"\n")[:1024])
+                del kept[:-_KMSG_LINES]
+    finally:
+        os.close(fd)
+    return b"\n".join(kept) + (b"\n" if kept else b"")
+
+
 class Collector:
     """Write entries into a tar stream, each path once, parents before children.
 
@@ -282,18 +384,47 @@ class Collector:
             self._add(candidate, st)
             resolved = candidate
 
+    def add_bytes(self, path: str, data: bytes) -> None:
+        """Record a file made here (the GPU state's virtual files)."""
+        if path in self.seen:
+            return
+        info = tarfile.TarInfo(path.lstrip("/"))
+        info.mode = 0o644
+        info.size = len(data)
+        self.seen.add(path)
+        self.tar.addfile(info, io.BytesIO(data))
+
+    def add_virtual(self, pattern: str) -> None:
+        """Run what makes a virtual GPU-state file (this machine's own ``/`` only)."""
+        made = {}  # type: Dict[str, bytes]
+        if pattern in (SMI_XML, SMI_STATUS):
+            if SMI_STATUS not in self.seen:
+                made = run_smi()
+        elif pattern == KMSG:
+            kmsg = read_kmsg()
+            if kmsg is not None:
+                made = {KMSG: kmsg}
+        for path in sorted(made):
+            self.add_bytes(path, made[path])
+
     def add_pattern(self, pattern: str) -> None:
         """Record every path matching a pattern."""
+        if not self.root and (pattern == GPU_STATE_DIR
+                              or pattern.startswith(GPU_STATE_DIR + "/")):
+            self.add_virtual(pattern)
+            return
         for path in expand(pattern, files=self.files):
             if not denied(path):
                 self.add_path(path)
 
 
 def collect_to(out: BinaryIO, patterns: List[str], compress: bool = False,
-               cap: int = FILE_CAP, root: str = "") -> None:
+               cap: int = FILE_CAP, root: str = "",
+               extra: Optional[Dict[str, bytes]] = None) -> None:
     """Write the tar (gzip-compressed if asked) of every path the patterns match to ``out``.
 
     ``root``: a sysroot directory to collect from instead of ``/`` ("" for the host).
+    ``extra``: files made by the caller (path -> bytes), written first.
     """
     stream = out
     gz = None
@@ -304,6 +435,8 @@ def collect_to(out: BinaryIO, patterns: List[str], compress: bool = False,
         stream = gz  # type: ignore[assignment]
     collector = Collector(stream, cap, root.rstrip("/"))
     try:
+        for path in sorted(extra or {}):
+            collector.add_bytes(path, (extra or {})[path])
         for pattern in patterns:
             collector.add_pattern(pattern)
     finally:

@@ -9,10 +9,20 @@ import os
 import signal
 import stat
 import subprocess
+import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING, NamedTuple
 
 from auditor.hosts.base import Entry, Host, HostKind, ScriptResult, clean_host_name
 from auditor.hosts.treeio import Tree, read_fd
+
+if TYPE_CHECKING:
+    from auditor.hosts.gpustate import LocalGpuState
+
+#: The GPU state's virtual directory (auditor.hosts.gpustate.STATE_DIR, kept here so that
+#: a run that never reads it never imports that module).
+_STATE_DIR = "/host-auditor"
+_GPU_LOCK = threading.Lock()
 
 
 def _entry_from_stat(st: os.stat_result, target: Callable[[], str]) -> Entry:
@@ -142,6 +152,43 @@ def run_bash(script: str, *, timeout: float = APPLY_LIMIT_S) -> ScriptResult:
     return ScriptResult(proc.returncode, output.decode("utf-8", "replace"))
 
 
+class Bounded(NamedTuple):
+    """What a command run with a deadline returned."""
+
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+    timed_out: bool
+
+
+def run_bounded(argv: list[str], deadline: float, limit: int) -> Bounded:
+    """Run a command of this machine with ``deadline`` seconds, its output cut at ``limit``.
+
+    At the deadline its whole process group is killed; a process that cannot die (blocked
+    in the kernel on a wedged GPU) is left behind rather than waited for: the audit goes on.
+    """
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    except OSError as exc:
+        return Bounded(127, b"", f"{argv[0]}: {exc.strerror}\n".encode(), False)
+    try:
+        out, err = proc.communicate(timeout=deadline)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        try:
+            out, err = proc.communicate(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            out, err = b"", b""
+            for stream in (proc.stdout, proc.stderr):
+                if stream is not None:
+                    with contextlib.suppress(OSError):
+                        stream.close()
+        return Bounded(-9, out[:limit], err[-4096:], True)
+    return Bounded(proc.returncode, out[:limit], err[-4096:], False)
+
+
 class DirectoryHost(Host):
     """A sysroot unpacked in a directory: the host's files at their paths below ``root``.
 
@@ -236,11 +283,44 @@ class LocalHost(Host):
     target = "local"
     blocking_reads = True
 
+    #: How long the GPU-state collector (NVML or nvidia-smi) may take.
+    gpu_deadline: float = 10.0
+    #: None: NVML where pynvml is installed, else nvidia-smi; False: nvidia-smi only.
+    gpu_use_nvml: bool | None = None
+
     def __init__(self) -> None:
         # gethostname(2) is uname(2)'s nodename (importing socket costs ~1 ms a run).
         self.name = os.uname().nodename
+        self._gpu_state: LocalGpuState | None = None
+
+    # -- the GPU state's virtual files (auditor.hosts.gpustate), collected on first read --
+
+    def gpu_state(self) -> LocalGpuState:
+        """Return the collector of this machine's GPU state (it runs on the first read)."""
+        state = self._gpu_state
+        if state is None:
+            with _GPU_LOCK:  # checks run in parallel here: one collector for all of them
+                state = self._gpu_state
+                if state is None:
+                    from auditor.hosts.gpustate import LocalGpuState
+
+                    state = LocalGpuState(self.gpu_deadline, self.gpu_use_nvml)
+                    self._gpu_state = state
+        return state
+
+    def _virtual(self, path: str) -> bool:
+        return path == _STATE_DIR or path.startswith(_STATE_DIR + "/")
+
+    def forget(self) -> None:
+        """Drop what was learned, the GPU state too (a re-audit collects it again)."""
+        super().forget()
+        self._gpu_state = None
 
     def lstat(self, path: str) -> Entry | None:
+        if self._virtual(path):
+            if path == _STATE_DIR:
+                return Entry("dir")
+            return Entry("file") if self.gpu_state().read(path) is not None else None
         raw = self.names.raw(path)
         try:
             return _entry_from_stat(os.lstat(raw), lambda: self.names.text(os.readlink(raw)))
@@ -248,21 +328,32 @@ class LocalHost(Host):
             return None
 
     def resolve(self, path: str) -> str:
+        if self._virtual(path):
+            return path
         return self.names.text(os.path.realpath(self.names.raw(path)))
 
     def _read_resolved(self, path: str, limit: int) -> bytes:
-        return _read_file(self.names.raw(path), limit)
+        return self.read_bytes(path, limit)
 
     def _listdir_resolved(self, path: str) -> list[str]:
+        if path == _STATE_DIR:
+            return self.gpu_state().listing()
         return [self.names.text(n) for n in os.listdir(self.names.raw(path))]
 
     def read_bytes(self, path: str, limit: int = 1 << 20) -> bytes:
+        if self._virtual(path):
+            data = self.gpu_state().read(path)
+            if data is None:
+                raise FileNotFoundError(path)
+            return data[:limit]
         return _read_file(self.names.raw(path), limit)
 
     def listdir(self, path: str) -> list[str]:
         return sorted(self._listdir_resolved(path))
 
     def glob(self, pattern: str) -> list[str]:
+        if self._virtual(pattern):
+            return super().glob(pattern)
         return sorted(self.names.text(p) for p in globlib.glob(self.names.raw(pattern)))
 
     def run_script(self, script: str, *, sudo: bool = False) -> ScriptResult:

@@ -1,6 +1,8 @@
 """nvidia.driver: module against userspace (mid-upgrade, GPU Operator), unattended upgrades,
 a reboot pending for NVIDIA packages, nouveau."""
 
+from collections.abc import Callable
+
 from auditor.model import Status
 from tests.support.cases import Case
 from tests.support.hostgen.nvidia import DriverSpec, driver_host
@@ -14,7 +16,18 @@ def blacklisted(root: Sysroot) -> None:
     root.write("/etc/modprobe.d/blacklist-nouveau.conf", "blacklist nouveau\n")
 
 
+def _status(text: str) -> Callable[[Sysroot], None]:
+    def plant(root: Sysroot) -> None:
+        root.write("/host-auditor/nvidia-smi.status", text)
+    return plant
+
+
 CASES = [
+    Case("GPUs bound to nvidia, the driver says there is no userspace", Status.FAIL,
+         _status("exit 127\nnvidia-smi: command not found\n"), base=driver_host()),
+    Case("the driver reports a version mismatch the files do not show", Status.FAIL,
+         _status("exit 18\nFailed to initialize NVML: Driver/library version mismatch\n"),
+         base=driver_host()),
     Case("module and userspace both 580.95.05", Status.PASS, base=driver_host()),
     Case("userspace upgraded to 580.105.08 under the running module, DKMS built it", Status.FAIL,
          base=driver_host(DriverSpec(userspace=NEW, dkms_version={"6.8.0-45-generic": NEW}))),
