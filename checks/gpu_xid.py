@@ -186,6 +186,9 @@ class GpuXid(Check[GpuXidOptions]):
         span = (f"the last {self.options.window_hours:g} h" if uptime is not None
                 and uptime > window else "since boot")
         if not by_gpu:
+            if not gpus:
+                yield self.skipped("kernel-log", "no NVIDIA GPU (and no Xid in the kernel log)")
+                return
             yield self.passed("kernel-log", f"no Xid in the kernel log {span}",
                               observed="no Xid")
             return

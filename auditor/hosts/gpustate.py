@@ -111,8 +111,9 @@ def sanitise_xml(data: bytes) -> bytes:
     for gpu in root.findall("gpu"):
         for name in ("processes", "accounted_processes"):
             for element in gpu.findall(name):
-                gpu.remove(element)
-                removed = True
+                if len(element):  # an empty list is kept: the document stays as printed
+                    gpu.remove(element)
+                    removed = True
     if not removed:
         return data
     body: bytes = ET.tostring(root, encoding="utf-8", method="xml", xml_declaration=False)

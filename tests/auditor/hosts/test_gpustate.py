@@ -141,6 +141,27 @@ def test_the_r580_document_is_what_the_lent_h200_reported() -> None:
                                                              "Counters").split()[0])
 
 
+def test_the_real_r580_xml_reads_as_the_builder_writes() -> None:
+    """nvidia-smi -q -x of the lent H200 (580.159.04), taken on the machine."""
+    real = (Path(__file__).resolve().parents[2] / "fixtures" / "hosts"
+            / "h200-lent-vm.nvidia-smi-q-x.xml").read_bytes()
+    state = gpustate.state_from_xml(real)
+    assert state.error is None and state.driver == "580.159.04"
+    built = gpustate.state_from_xml(smi_xml("580")).gpus[0]
+    assert state.gpus[0]._replace(uuid="") == built._replace(uuid="")
+    assert collector.sanitise_xml(real) == real  # no process ran: nothing to take out
+
+
+def test_the_lent_h200s_kernel_log_holds_no_xid(make_sysroot: object) -> None:
+    """Its NVIDIA lines (the module's banner, the persistence-mode deprecation) are no Xid."""
+    kmsg = (Path(__file__).resolve().parents[2] / "fixtures" / "hosts"
+            / "h200-lent-vm.kmsg").read_bytes()
+    assert b"Persistence mode is deprecated" in kmsg
+    host = planted(make_sysroot("h200"), {collector.KMSG: kmsg})  # type: ignore[operator]
+    assert [(f.status, f.subject) for f in GpuXid().evaluate(host)] == [
+        (Status.PASS, "kernel-log")]
+
+
 @pytest.mark.parametrize(("data", "why"), [
     (b'<?xml version="1.0"?><!DOCTYPE l [<!ENTITY a "aaaa">]><nvidia_smi_log>&a;</nvidia_smi_log>',
      "entities"),

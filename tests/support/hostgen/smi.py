@@ -1,8 +1,10 @@
 """``nvidia-smi -q -x`` documents as driver branches 470 to 580 write them.
 
 The layout of each branch follows nvidia-smi's DTDs (``nvsmi_device_v11.dtd`` for R470,
-``v12`` since R525) and real outputs: the R580 one is the lent H200's ``nvidia-smi -q``
-(``tests/fixtures/hosts/h200-lent-vm.nvidia-smi-q.txt``) written as XML, value for value.
+``v12`` since R525, ``v13`` in R580) and real outputs: the R580 one is the lent H200's
+``nvidia-smi -q`` (``tests/fixtures/hosts/h200-lent-vm.nvidia-smi-q.txt``) written as XML,
+value for value, and reads as its real ``nvidia-smi -q -x`` does
+(``h200-lent-vm.nvidia-smi-q-x.xml``).
 What changed between branches, and is written here per branch:
 
 - R470: ``clocks_throttle_reasons``, ``power_readings`` (``power_limit``,
@@ -213,7 +215,8 @@ def _gpu(gpu: SmiGpu, branch: str) -> str:
 def smi_xml(branch: str = "580", gpus: list[SmiGpu] | None = None) -> bytes:
     """Return ``nvidia-smi -q -x`` output of a driver branch (470, 535, 550, 580)."""
     chosen = gpus if gpus is not None else [SmiGpu()]
-    dtd = "nvsmi_device_v11.dtd" if int(branch) < 525 else "nvsmi_device_v12.dtd"
+    dtd = ("nvsmi_device_v11.dtd" if int(branch) < 525 else "nvsmi_device_v12.dtd"
+           if int(branch) < 580 else "nvsmi_device_v13.dtd")
     text = ('<?xml version="1.0" ?>\n'
             f'<!DOCTYPE nvidia_smi_log SYSTEM "{dtd}">\n<nvidia_smi_log>\n'
             + _e("timestamp", "Thu Dec  3 17:10:41 2026", 1)
