@@ -178,6 +178,12 @@ def render_nfd(reports: Sequence[Report], *, now: dt.datetime | None = None) -> 
         # left out rather than rejected by nfd-master with the rest of the file.
         if valid_label(result.check, result.status.value):
             lines.append(f"{namespace}/{result.check}={result.status.value}")
+    if any(result.check.startswith("probe.") for result in report.results):
+        from auditor.probes.prove import worst_figures
+
+        # What audit probe measured: the worst GPU's (node's) figure of each probe.
+        lines += [f"{namespace}/{name}={value}" for name, value in worst_figures(report)
+                  if valid_label(name, value)]
     text = "\n".join(lines) + "\n"
     return text[:NFD_MAX_BYTES]
 

@@ -89,3 +89,23 @@ def summary_lines(changes: Sequence[Finding]) -> list[str]:
     """Return one line per probe and subject: before, after, delta."""
     return [f"{f.check} {f.subject}: {f.observed}" + (" WORSE" if f.status is Status.WARN
                                                       else "") for f in changes]
+
+
+def worst_figures(report: Report) -> list[tuple[str, str]]:
+    """Return, per probe, the worst figure of its subjects (the slowest GPU, the slowest
+    node's wake-up p99) as ``(probe.metric, value)``: one label each in the NFD format, so
+    a scheduler can tell hosts apart by what they measured."""
+    worst: dict[str, float] = {}
+    for finding in report.findings:
+        if finding.check not in PRIMARY or finding.aspect:
+            continue
+        metric, _, higher_better = PRIMARY[finding.check]
+        value = measurements(finding).get(metric)
+        if value is None:
+            continue
+        name = f"{finding.check}.{metric}"
+        if name not in worst:
+            worst[name] = value
+        else:
+            worst[name] = min(worst[name], value) if higher_better else max(worst[name], value)
+    return [(name, f"{value:.1f}") for name, value in worst.items()]

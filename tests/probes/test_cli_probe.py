@@ -116,3 +116,17 @@ def test_the_acs_findings_of_the_host_are_the_ones_named(
     findings = json.loads(capsys.readouterr().out)["findings"]
     assert asked == ["LocalHost"]  # gathered once, from this machine
     assert all("corroborates pcie.acs fail on 0000:40:01.1" in f["message"] for f in findings)
+
+
+def test_nfd_labels_carry_the_worst_figure_of_each_probe(
+        fake_cuda: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(fake_cuda))
+    monkeypatch.setenv("FAKE_CUDA_GBPS", "40")
+    assert main(["probe", "--probe", "h2d,wakeup", "--wakeups", "50", "-f", "nfd"]) in (0, 1)
+    labels = dict(line.split("=", 1) for line in capsys.readouterr().out.splitlines()
+                  if not line.startswith("#"))
+    prefix = "host-auditor.feature.node.kubernetes.io/"
+    assert labels[prefix + "probe.h2d"] == "skip"  # no link in sysfs here: not judged
+    assert labels[prefix + "probe.h2d.gbps"] == "40.0"
+    assert float(labels[prefix + "probe.wakeup.p99_us"]) >= 0
