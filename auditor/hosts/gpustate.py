@@ -34,8 +34,12 @@ the GPU state neither imports NVML nor starts ``nvidia-smi``.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import subprocess
 import threading
+from typing import NamedTuple
 
 from auditor.hosts.gpufiles import KMSG, NVML_JSON, READS, SMI_STATUS, SMI_XML, STATE_DIR
 
@@ -162,7 +166,6 @@ def run_nvml(deadline: float = DEFAULT_DEADLINE) -> dict[str, bytes]:
     import json
     import sys
 
-    from auditor.hosts.local import run_bounded
 
     result = run_bounded([sys.executable, "-m", "auditor.hosts.nvml_child"], deadline, MAX_XML)
     if result.timed_out:
@@ -178,6 +181,43 @@ def run_nvml(deadline: float = DEFAULT_DEADLINE) -> dict[str, bytes]:
     else:
         return {NVML_JSON: result.stdout}
     return {NVML_JSON: json.dumps(document).encode() + b"\n"}
+
+
+class Bounded(NamedTuple):
+    """What a command run with a deadline returned."""
+
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+    timed_out: bool
+
+
+def run_bounded(argv: list[str], deadline: float, limit: int) -> Bounded:
+    """Run a command of this machine with ``deadline`` seconds, its output cut at ``limit``.
+
+    At the deadline its whole process group is killed; a process that cannot die (blocked
+    in the kernel on a wedged GPU) is left behind rather than waited for: the audit goes on.
+    """
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    except OSError as exc:
+        return Bounded(127, b"", f"{argv[0]}: {exc.strerror}\n".encode(), False)
+    try:
+        out, err = proc.communicate(timeout=deadline)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        try:
+            out, err = proc.communicate(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            out, err = b"", b""
+            for stream in (proc.stdout, proc.stderr):
+                if stream is not None:
+                    with contextlib.suppress(OSError):
+                        stream.close()
+        return Bounded(-9, out[:limit], err[-4096:], True)
+    return Bounded(proc.returncode, out[:limit], err[-4096:], False)
 
 
 class LocalGpuState:

@@ -11,7 +11,7 @@ import stat
 import subprocess
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from auditor.hosts.base import Entry, Host, HostKind, ScriptResult, clean_host_name
 from auditor.hosts.treeio import Tree, read_fd
@@ -150,43 +150,6 @@ def run_bash(script: str, *, timeout: float = APPLY_LIMIT_S) -> ScriptResult:
         return ScriptResult(124, text + f"host-auditor: error: the fix script was stopped "
                             f"after {timeout:g} s\n")
     return ScriptResult(proc.returncode, output.decode("utf-8", "replace"))
-
-
-class Bounded(NamedTuple):
-    """What a command run with a deadline returned."""
-
-    returncode: int
-    stdout: bytes
-    stderr: bytes
-    timed_out: bool
-
-
-def run_bounded(argv: list[str], deadline: float, limit: int) -> Bounded:
-    """Run a command of this machine with ``deadline`` seconds, its output cut at ``limit``.
-
-    At the deadline its whole process group is killed; a process that cannot die (blocked
-    in the kernel on a wedged GPU) is left behind rather than waited for: the audit goes on.
-    """
-    try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-    except OSError as exc:
-        return Bounded(127, b"", f"{argv[0]}: {exc.strerror}\n".encode(), False)
-    try:
-        out, err = proc.communicate(timeout=deadline)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        try:
-            out, err = proc.communicate(timeout=1.0)
-        except subprocess.TimeoutExpired:
-            out, err = b"", b""
-            for stream in (proc.stdout, proc.stderr):
-                if stream is not None:
-                    with contextlib.suppress(OSError):
-                        stream.close()
-        return Bounded(-9, out[:limit], err[-4096:], True)
-    return Bounded(proc.returncode, out[:limit], err[-4096:], False)
 
 
 class DirectoryHost(Host):
