@@ -62,6 +62,7 @@ class NumaPlacement(Check[CheckOptions]):
     version_added: ClassVar[str] = "0.1.0"
     reads: ClassVar[tuple[str, ...]] = (
         *pci.DEVICE_READS,
+        *pci.NET_SPEED_READS,
         *pci.NUMA_READS,
         *NODE_READS,
         *environment.READS,
@@ -89,9 +90,10 @@ class NumaPlacement(Check[CheckOptions]):
                                "nothing to place", evidence={"nodes": str(len(nodes.cpus))})
             return
         devices = [d for d in pci.devices(host) if not d.virtual_function
-                   and (d.is_gpu or d.is_network)]
+                   and (d.is_gpu or pci.is_data_path_nic(host, d))]
         if not devices:
-            yield self.skipped("numa", "no GPU or network controller")
+            yield self.skipped("numa", "no GPU or data-path NIC (RDMA-capable, or "
+                               "25 Gb/s and faster)")
             return
         placement: dict[str, tuple[int | None, str]] = {
             d.address: (pci.numa_node(host, d.address), pci.local_cpulist(host, d.address) or "")

@@ -67,6 +67,7 @@ class PcieAspm(Check[CheckOptions]):
         CMDLINE,
         POLICY,
         *pci.DEVICE_READS,
+        *pci.NET_SPEED_READS,
         *pci.LINK_PM_READS,
         *pci.RUNTIME_PM_READS,
         *pci.CONFIG_READS,
@@ -96,9 +97,10 @@ class PcieAspm(Check[CheckOptions]):
                                evidence={"environment": env.describe()})
             return
         targets = [d for d in pci.devices(host) if not d.virtual_function
-                   and (d.is_gpu or d.is_network)]
+                   and (d.is_gpu or pci.is_data_path_nic(host, d))]
         if not targets:
-            yield self.skipped("pcie", "no GPU or network controller")
+            yield self.skipped("pcie", "no GPU or data-path NIC (RDMA-capable, or "
+                               "25 Gb/s and faster)")
             return
         tokens = cmdline_tokens(host)
         aspm_off = "off" in params(tokens, "pcie_aspm")

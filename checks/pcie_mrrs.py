@@ -79,6 +79,7 @@ class _NotJudged(enum.Enum):
     NOT_ENDPOINT = "not an endpoint"
     EMULATED = "emulated by the hypervisor"
     GUEST_VF = "an SR-IOV virtual function"
+    NOT_DATA_PATH = "not a data-path NIC (onboard, Wi-Fi or management)"
 
 
 _NOT_PCIE, _NOT_ENDPOINT = _NotJudged.NOT_PCIE, _NotJudged.NOT_ENDPOINT
@@ -121,6 +122,7 @@ class PcieMrrs(Check[MrrsOptions]):
         "/sys/bus/pci/devices/*/device",
         "/sys/bus/pci/devices/*/driver",
         "/sys/bus/pci/devices/*/physfn",
+        *pci.NET_SPEED_READS,
         "/sys/bus/pci/devices/*/subsystem_vendor",
         "/sys/bus/pci/devices/*/subsystem_device",
         *pci.DEVICE_READS,
@@ -176,6 +178,11 @@ class PcieMrrs(Check[MrrsOptions]):
             if env.vm and self._emulated(host, device):
                 counts[_NotJudged.EMULATED] += 1
                 continue
+            if not device.is_gpu and not pci.is_data_path_nic(host, device):
+                # An onboard 1/2.5 GbE port, Wi-Fi or a management port carries no GPU
+                # traffic: only data-path NICs (RDMA-capable, or 25 Gb/s and up) are judged.
+                counts[_NotJudged.NOT_DATA_PATH] += 1
+                continue
             if env.vm and ((device.vendor or 0, device.device or 0) in VF_DEVICE_IDS
                            or device.driver in VF_DRIVERS):
                 counts[_NotJudged.GUEST_VF] += 1
@@ -202,9 +209,10 @@ class PcieMrrs(Check[MrrsOptions]):
             parts = [f"{counts[_NOT_PCIE]} without a PCI Express capability",
                      f"{counts[_NOT_ENDPOINT]} not endpoints"]
             parts += [f"{n} {kind.value}" for kind, n in counts.items()
-                      if n and kind in (_NotJudged.EMULATED, _NotJudged.GUEST_VF)]
+                      if n and kind in (_NotJudged.EMULATED, _NotJudged.GUEST_VF,
+                                        _NotJudged.NOT_DATA_PATH)]
             detail = f" ({candidates} GPU or network function(s): {', '.join(parts)})"
-        yield self.skipped("pcie", f"no GPU or network PCIe endpoints{detail}")
+        yield self.skipped("pcie", f"no GPU or data-path NIC PCIe endpoints{detail}")
 
     @staticmethod
     def _emulated(host: Host, device: pci.PciDevice) -> bool:

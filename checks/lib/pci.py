@@ -592,6 +592,45 @@ def decode_rebar(config: bytes) -> list[ResizableBar]:
 # -- sysfs attributes beside config -----------------------------------------------------
 
 #: Each reader's sysfs pattern: a check lists those it uses in its ``reads``.
+#: Network functions' link speeds (Mb/s), under their network interfaces.
+NET_SPEED_READS = (f"{PCI_DEVICES}/*/net/*/speed",)
+#: Drivers of NICs built for the data path: 25 GbE and faster Ethernet, RoCE, InfiniBand and
+#: the cloud providers' accelerated NICs. Onboard 1/2.5/10 GbE (igb, igc, e1000e, r8169,
+#: tg3, ixgbe...), Wi-Fi and management ports carry no GPU traffic.
+DATA_PATH_DRIVERS = frozenset({
+    "mlx5_core", "mlx4_core", "bnxt_en", "ice", "i40e", "idpf", "irdma", "qede", "cxgb4",
+    "ionic", "nfp", "sfc", "gve", "ena", "mana", "efa", "hfi1", "enic", "octeon_ep",
+})
+#: The slowest link speed (Mb/s) that makes an Ethernet function a data-path NIC.
+DATA_PATH_MBPS = 25000
+#: Ethernet and InfiniBand; "other network" (0x0280) is Wi-Fi and the like.
+_DATA_PATH_CLASSES = frozenset({0x0200, INFINIBAND_CLASS})
+
+
+def is_data_path_nic(host: Host, device: PciDevice) -> bool:
+    """Return whether a network function carries GPU traffic: RDMA-capable, or high-speed.
+
+    RDMA-capable (InfiniBand class, or an RDMA device of its own) or an Ethernet function
+    of a data-path driver or one that reports 25 Gb/s or more. Onboard 1/2.5/10 GbE, Wi-Fi
+    and management ports are not one: their MaxReadReq, placement and link power carry no
+    GPU traffic (reads :data:`NET_SPEED_READS`).
+    """
+    if not device.is_network:
+        return False
+    if device.is_rdma_nic:
+        return True
+    if device.class_code is None or device.class_code >> 8 not in _DATA_PATH_CLASSES:
+        return False
+    if device.driver in DATA_PATH_DRIVERS:
+        return True
+    for path in host.glob(f"{device_path(device.address)}/net/*/speed")[:16]:
+        speed = read_file(host, path, 64)
+        if speed is not None and speed.strip().isdigit() and \
+                int(speed.strip()[:9]) >= DATA_PATH_MBPS:
+            return True
+    return False
+
+
 CONFIG_READS = (f"{PCI_DEVICES}/*/config",)
 NUMA_READS = (f"{PCI_DEVICES}/*/numa_node", f"{PCI_DEVICES}/*/local_cpulist")
 RESOURCE_READS = (f"{PCI_DEVICES}/*/resource", f"{PCI_DEVICES}/*/resource[0-5]_resize")

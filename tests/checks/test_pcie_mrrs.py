@@ -155,7 +155,7 @@ def test_h200_gpu_passes_and_decoding_agrees_with_lspci(h200: Sysroot) -> None:
 def test_virtio_capture_without_pcie_endpoints_is_one_skip(virtio: Sysroot) -> None:
     [finding] = run(virtio)
     assert finding.status is Status.SKIP
-    assert "no GPU or network PCIe endpoints" in finding.message
+    assert "no GPU or data-path NIC PCIe endpoints" in finding.message
     # The virtio NIC is a network controller the hypervisor emulates: counted, not judged.
     assert "1 emulated by the hypervisor" in finding.message
 
@@ -323,7 +323,7 @@ def test_sysfs_class_wins_over_config(h200: Sysroot) -> None:
     h200.write(f"{GPU_DIR}/class", "0x040300\n")  # an audio function: not judged
     [finding] = run(h200)
     assert finding.status is Status.SKIP
-    assert "no GPU or network PCIe endpoints" in finding.message
+    assert "no GPU or data-path NIC PCIe endpoints" in finding.message
 
 
 # -- more devices ------------------------------------------------------------------------
