@@ -9,8 +9,16 @@ when the nvidia module loads, so a missing ``.wants`` link is not "disabled" the
 
 Read through the daemon's pid file: only that pid's ``comm`` (cut to 15 characters by the
 kernel: ``nvidia-persiste``) and ``cmdline``, never another process's. Where the command line
-was not collected, the unit's ExecStart says what it was started with. Legacy persistence
-(``nvidia-smi -pm 1`` without the daemon) cannot be seen in files.
+was not collected, the unit's ExecStart says what it was started with.
+
+Legacy persistence (``nvidia-smi -pm 1`` without the daemon) cannot be seen in files: the
+mode is judged on what the driver reports (NVML or ``nvidia-smi -q -x``, see
+auditor.checks.lib.gpustate). Either signal saying "on" is on (NVML reported 0 while the
+daemon held every GB200, leptonai/gpud#1322); on with no daemon is "on now, set by hand, not
+kept across a reboot": the driver logs "Persistence mode is deprecated and will be removed in
+a future release. Please use nvidia-persistenced instead." when nvidia-smi -pm sets it (the
+lent H200's kernel log, tests/fixtures/hosts/h200-lent-vm.kmsg), and nothing sets it again
+at boot. Off with no daemon is the case where GPUs deinitialise between jobs.
 """
 
 from __future__ import annotations

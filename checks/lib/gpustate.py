@@ -517,7 +517,8 @@ def unavailable(host: Host, current: GpuState | None, in_container: bool,
             return Unavailable("skip", f"the driver reports no GPU ({current.source})")
         return None
     kind, message = current.error
-    said = f"{current.source}: {message}" if message else current.source
+    said = (message if message.lower().startswith(current.source) else
+            f"{current.source}: {message}") if message else current.source
     if kind == "no_gpu" or (nvidia_gpus == 0 and kind in ("driver_not_loaded",
                                                            "library_not_found")):
         return Unavailable("skip", f"no NVIDIA GPU for the driver ({said})")
