@@ -68,8 +68,10 @@ def write_capture(output: str, data: bytes) -> None:
 NEVER_KEPT = frozenset({"/etc/machine-id"})
 _PROCESS = re.compile(r"/proc/([0-9]+)(?:/|$)")
 _MAX_LINKS = 40
-#: What is kept of pid 1 and of the reader: the paths below /proc/PID.
-_PLACING = frozenset({"", "/ns", "/ns/pid", "/cgroup", "/uid_map"})
+#: What is kept of pid 1 and of the reader: the paths below /proc/PID. ``mounts`` is the
+#: mount table /proc/mounts names (ipc.shm reads /dev/shm's line in it): readable by
+#: every user of the host, and no process's own data.
+_PLACING = frozenset({"", "/ns", "/ns/pid", "/cgroup", "/uid_map", "/mounts"})
 
 
 @dataclass(frozen=True)

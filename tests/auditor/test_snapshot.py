@@ -110,7 +110,7 @@ def test_unwritable_output_is_a_usage_error_in_one_line(tmp_path: Path) -> None:
     proc = subprocess.run([AUDIT, "snapshot", "local", "-o", str(tmp_path / "no" / "x.tgz")],
                           capture_output=True, text=True, check=False)
     assert proc.returncode == 2
-    assert proc.stderr.count("\n") == 1 and "cannot write capture" in proc.stderr
+    assert proc.stderr.count("\n") == 1 and "cannot write the capture" in proc.stderr
     assert not list(tmp_path.iterdir())
 
 
