@@ -347,34 +347,59 @@ class PcieMrrs(Check[MrrsOptions]):
                 f"{what}: MaxReadReq {cap.mrrs} bytes, MaxPayload {cap.mps}; {link}{note}",
                 observed=observed, expected=expected, evidence=evidence,
             )
-        return [verdict, *self._judge_link(address, what, class_code, cap, link, evidence)]
+        upstream = None if env.vm else self._upstream(host, device)
+        return [verdict, *self._judge_link(address, what, class_code, cap, link, evidence,
+                                           upstream)]
+
+    @staticmethod
+    def _upstream(host: Host, device: pci.PciDevice) -> pci.PcieCapability | None:
+        """Return the PCI Express capability of the port above the device, if readable."""
+        above = device.ancestors()
+        if not above:
+            return None
+        config = pci.read_config(host, above[0])
+        try:
+            return pci.decode_pcie_capability(config) if config else None
+        except pci.ConfigSpaceError:
+            return None
 
     def _judge_link(
         self, address: str, what: str, class_code: int, cap: pci.PcieCapability, link: str,
-        evidence: dict[str, str],
+        evidence: dict[str, str], upstream: pci.PcieCapability | None = None,
     ) -> Iterator[Finding]:
         # A downtrained link is a warning, not a failure: software cannot fix it (it wants a
         # reseat, a riser or a BIOS bifurcation change), and fix scripts act on failures.
+        # A link is judged against the link: the lesser of both ends' Link Capabilities (a
+        # x16 GPU in a bifurcated x8/x8 slot under a x8 root port trains to all it can).
+        width, speed = cap.max_link_width, cap.max_link_speed
+        capped = ""
+        if upstream is not None:
+            if upstream.max_link_width and width and upstream.max_link_width < width:
+                width = upstream.max_link_width
+                capped = f"; the port above supports x{width}"
+            if upstream.max_link_speed and speed and upstream.max_link_speed < speed:
+                speed = upstream.max_link_speed
+                capped += f"; the port above supports {pci.link_speed_name(speed)}"
         problems: list[str] = []
-        if cap.link_width and cap.max_link_width and cap.link_width < cap.max_link_width:
-            problems.append(f"trained to x{cap.link_width} of x{cap.max_link_width} lanes")
+        if cap.link_width and width and cap.link_width < width:
+            problems.append(f"trained to x{cap.link_width} of x{width} lanes")
         # GPUs drop their link speed when idle; a NIC's link runs at the speed it trained to.
         if (
             not is_gpu_class(class_code)
             and cap.link_speed
-            and cap.max_link_speed
-            and cap.link_speed < cap.max_link_speed
+            and speed
+            and cap.link_speed < speed
         ):
             problems.append(
                 f"running at {pci.link_speed_name(cap.link_speed)} of "
-                f"{pci.link_speed_name(cap.max_link_speed)}"
+                f"{pci.link_speed_name(speed)}"
             )
         if problems:
             yield self.warned(
                 address,
-                f"{what}: PCIe link {' and '.join(problems)}; {link}",
+                f"{what}: PCIe link {' and '.join(problems)}; {link}{capped}",
                 observed=f"{pci.link_speed_name(cap.link_speed)} x{cap.link_width}",
-                expected=f"{pci.link_speed_name(cap.max_link_speed)} x{cap.max_link_width}",
+                expected=f"{pci.link_speed_name(speed)} x{width}",
                 evidence={**evidence, "problem": "link"}, aspect="link",
             )
 
