@@ -10,9 +10,11 @@ import signal
 import stat
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from auditor.errors import SnapshotError
 from auditor.hosts.base import Entry, Host, HostKind, ScriptResult, clean_host_name
 from auditor.hosts.treeio import Tree, read_fd
 
@@ -57,6 +59,13 @@ def _read_file(real: str | bytes, limit: int) -> bytes:
     finally:
         os.close(fd)
 
+
+#: A directory sysroot is read with the caps of a tar capture (auditor.hosts.archive:
+#: MAX_MEMBERS, MAX_ARCHIVE), counted as it is read: the entries looked at (names listed,
+#: paths looked up, files read), the bytes read; and a time, as a collection has.
+MAX_ENTRIES = 100_000
+MAX_BYTES = 64 << 20
+MAX_SECONDS = 120.0
 
 #: How long ``--apply`` may run a fix script on this machine before it is stopped.
 APPLY_LIMIT_S = 600.0
@@ -167,6 +176,8 @@ class DirectoryHost(Host):
         self.target = f"sysroot:{self.root}"
         self.tree = Tree(self.root)
         self._cache: dict[str, Entry | None] = {}
+        self._spent = [0, 0]  # entries, bytes
+        self._deadline = time.monotonic() + MAX_SECONDS
         self.name = name or clean_host_name(self.read_optional("/etc/hostname")) \
             or os.path.basename(self.root)
 
@@ -177,11 +188,32 @@ class DirectoryHost(Host):
             return None
         return parent or b"/", name
 
+    def _spend(self, entries: int, size: int = 0) -> None:
+        """Count what was read; refuse to read on past a capture's caps."""
+        spent = self._spent
+        spent[0] += entries
+        spent[1] += size
+        if spent[0] > MAX_ENTRIES or spent[1] > MAX_BYTES:
+            raise SnapshotError(f"{self.root}: more than {MAX_ENTRIES} entries or "
+                                f"{MAX_BYTES >> 20} MiB read from the sysroot (the caps of a "
+                                "capture): the rest is not read")
+        if time.monotonic() > self._deadline:
+            raise SnapshotError(f"{self.root}: reading the sysroot took more than "
+                                f"{MAX_SECONDS:g} s: the rest is not read")
+
+    def forget(self) -> None:
+        """Drop what was learned (a re-audit reads the tree again, with fresh caps)."""
+        super().forget()
+        self._cache.clear()
+        self._spent = [0, 0]
+        self._deadline = time.monotonic() + MAX_SECONDS
+
     def lstat(self, path: str) -> Entry | None:
         try:
             return self._cache[path]
         except KeyError:
             pass
+        self._spend(1)
         entry: Entry | None = None
         split = self._split(path)
         try:
@@ -214,21 +246,27 @@ class DirectoryHost(Host):
         # The tree resolves the directory's "//", "." and ".." inside it, as the kernel
         # does; a path whose last component is none of its own takes the slow way.
         parent, _, name = self.names.raw(path).rpartition(b"/")
+        self._spend(1)
         if name not in (b"", b".", b".."):
             try:
                 data = self.tree.read_file(parent or b"/", name, limit)
             except (FileNotFoundError, NotADirectoryError):
                 raise FileNotFoundError(path) from None
             if data is not None:
+                self._spend(0, len(data))
                 return data
         # A symlink where the file is named: resolved inside the tree, the slow way.
         return super().read_bytes(path, limit)
 
     def _read_resolved(self, path: str, limit: int) -> bytes:
-        return self.tree.read(self.names.raw(path), limit)
+        data = self.tree.read(self.names.raw(path), limit)
+        self._spend(0, len(data))
+        return data
 
     def _listdir_resolved(self, path: str) -> list[str]:
-        return [self.names.text(n) for n in self.tree.listdir(self.names.raw(path))]
+        names = self.tree.listdir(self.names.raw(path))
+        self._spend(len(names))
+        return [self.names.text(n) for n in names]
 
     def run_script(self, script: str, *, sudo: bool = False) -> ScriptResult:
         """Run a fix script made for this sysroot with this machine's bash."""

@@ -1064,17 +1064,27 @@ class Applier:
         # type: () -> None
         """Refuse the whole fix, before any change, where a directory on a planned path is
         a symlink now: the audit resolved every path, so the sysroot changed since (a write
-        would still stay inside it, but not where the audit saw the file)."""
+        would still stay inside it, but not where the audit saw the file); or where a
+        planned path crosses a mount point (a bind mount of the live /proc, /sys or of a
+        directory outside the tree)."""
         for action in self.plan["actions"]:
             path = action.get("path")
             if not isinstance(path, str):
                 continue
             current = ""
-            for part in [p for p in path.split("/") if p][:-1]:
+            parts = [p for p in path.split("/") if p]
+            for index, part in enumerate(parts):
                 current += "/" + part
-                st = self.tree.lstat(current)
-                if st is None:
-                    break
+                try:
+                    st = self.tree.lstat(current)
+                except OSError as exc:
+                    if exc.errno != errno.EXDEV:
+                        raise
+                    raise Refused("%s: %s is a mount point (a fix stays on the sysroot's "
+                                  "own mounts): nothing changed" % (show(path), show(current))
+                                  ) from None
+                if st is None or index == len(parts) - 1:
+                    break  # the last name is the step's own business (a symlink made)
                 if stat.S_ISLNK(st.st_mode):
                     raise Refused("%s: %s is a symlink now (the sysroot changed since the "
                                   "audit): nothing changed" % (show(path), show(current)))
@@ -1145,12 +1155,17 @@ def _read_plan(fd):
 def apply(mode, root, plan, rollback=None):
     # type: (str, str, Dict[str, Any], Optional[bytes]) -> int
     """Fix (``mode`` "fix") or roll back ("rollback") the sysroot ``root``; return the status."""
-    if not os.path.isdir(root):
-        raise Refused("sysroot %s is not a directory" % show(root))
-    real = os.path.realpath(root)
-    if real == "/":
-        raise Refused("ROOT is /: this script is for a sysroot, not the booted machine")
-    with Tree(root) as tree:
+    try:
+        tree = Tree(root)
+    except OSError as exc:
+        raise Refused("sysroot %s is not a directory (%s)" % (show(root), exc.strerror)) \
+            from None
+    with tree:
+        # What the descriptor holds, opened once: the name may be swapped for a symlink
+        # to / after any test of it, the directory held cannot.
+        if tree.is_live_root():
+            raise Refused("ROOT is /: this script is for a sysroot, not the booted machine")
+        real = tree.root
         guard(tree, plan)
         state = State(real, plan["fix_id"])
         try:

@@ -53,9 +53,14 @@ _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 
 # openat2(2): the syscall number is 437 on every architecture that has it.
 _SYS_OPENAT2 = 437
+_RESOLVE_NO_XDEV = 0x01
 _RESOLVE_NO_MAGICLINKS = 0x02
 _RESOLVE_IN_ROOT = 0x10
+#: How every path is resolved: inside the root, no /proc magic links, and never across a
+#: mount point (a bind mount of the live /proc or /sys in an image's tree, a tracefs).
+_RESOLVE = _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS | _RESOLVE_NO_XDEV
 _FILES_AND_LINKS = (stat.S_IFREG, stat.S_IFLNK)
+_CROSSING = "a mount point inside the tree is not crossed"
 
 
 class _OpenAt2:
@@ -94,12 +99,13 @@ class _OpenAt2:
         # type: (int, bytes, int) -> int
         built = self.hows.get(flags)
         if built is None:
-            how = self.how(flags | _O_CLOEXEC, 0, _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS)
+            how = self.how(flags | _O_CLOEXEC, 0, _RESOLVE)
             built = self.hows[flags] = (how, self.ctypes.addressof(how))
         fd = self.call(_SYS_OPENAT2, dirfd, path, built[1], self.size)  # type: ignore
         if fd < 0:
             code = self.ctypes.get_errno()
-            raise OSError(code, os.strerror(code), os.fsdecode(path))
+            raise OSError(code, _CROSSING if code == errno.EXDEV else os.strerror(code),
+                          os.fsdecode(path))
         return int(fd)
 
 
@@ -199,9 +205,15 @@ class Tree:
 
     def __init__(self, root, use_openat2=None):
         # type: (str, Optional[bool]) -> None
-        # The root itself is the operator's own argument: followed once, then held.
+        # The root itself is the operator's own argument: followed once, then held. What
+        # it is (is_live_root) and where it is (root) are taken from the descriptor, never
+        # from the name again: the tree's owner may swap the name meanwhile.
         self.fd = os.open(root, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
-        self.root = os.path.realpath(root)
+        held = os.fstat(self.fd)
+        #: The tree's own file system: the component walk never leaves it.
+        self.dev = held.st_dev
+        self.ino = held.st_ino
+        self.root = _held_path(self.fd) or os.path.realpath(root)
         self.use_openat2 = use_openat2
         # What resolves paths here (openat2, or None for the walk): probed on first use.
         self._impl = None  # type: Optional[_OpenAt2]
@@ -218,6 +230,23 @@ class Tree:
         self._bases = {}  # type: Dict[bytes, bytes]
         # A tree nobody closed gives its descriptors back when it is collected.
         self._finalizer = weakref.finalize(self, _close_tree, self.fd, self._dirs)
+
+    def is_live_root(self):
+        # type: () -> bool
+        """Return whether the directory held is this machine's own ``/``."""
+        st = os.stat("/")
+        return (st.st_dev, st.st_ino) == (self.dev, self.ino)
+
+    def _same_mount(self, fd, st=None):
+        # type: (int, Optional[os.stat_result]) -> os.stat_result
+        """Refuse a descriptor on another file system than the tree's (and close it): the
+        component walk's mount check (openat2 refuses the crossing itself)."""
+        if st is None:
+            st = os.fstat(fd)
+        if st.st_dev != self.dev:
+            os.close(fd)
+            raise OSError(errno.EXDEV, _CROSSING)
+        return st
 
     def close(self):
         # type: () -> None
@@ -277,7 +306,7 @@ class Tree:
                     continue
                 last = not pending
                 fd = os.open(part, _O_PATH | _O_NOFOLLOW | _O_CLOEXEC, dir_fd=stack[-1])
-                mode = os.fstat(fd).st_mode
+                mode = self._same_mount(fd).st_mode
                 if stat.S_ISLNK(mode) and (follow or not last):
                     try:
                         target = os.readlink(part, dir_fd=stack[-1])
@@ -402,9 +431,14 @@ class Tree:
             return self.open(path, _O_PATH | _O_DIRECTORY, follow=True)
         parent = parent or b"/"
         above = self.hold(parent)
+        kernel = self._kernel()
         try:
-            return os.open(name, _O_PATH | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC,
-                           dir_fd=above)
+            if kernel is not None:  # one name, never across a mount point
+                return kernel.open(above, name, _O_PATH | _O_DIRECTORY | _O_NOFOLLOW)
+            fd = os.open(name, _O_PATH | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC,
+                         dir_fd=above)
+            self._same_mount(fd)
+            return fd
         except OSError as exc:
             # ELOOP or ENOTDIR: a symlink, resolved from the root inside the tree.
             if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
@@ -497,6 +531,9 @@ class Tree:
         """Read the regular file an ``O_PATH`` descriptor holds (and close it)."""
         try:
             st = os.fstat(fd)
+            if st.st_dev != self.dev:
+                raise OSError(errno.EXDEV, _CROSSING,
+                              os.fsdecode(name))
             kind = stat.S_IFMT(st.st_mode)
             if kind != stat.S_IFREG:
                 if kind == stat.S_IFLNK:
@@ -505,8 +542,9 @@ class Tree:
                     raise OSError(errno.EISDIR, "is a directory", os.fsdecode(name))
                 raise OSError(errno.EPERM, "not a regular file", os.fsdecode(name))
             try:
-                # The magic link names the very inode the O_PATH descriptor holds.
-                opened = _open_magic(fd, os.O_RDONLY)
+                # The magic link names the very inode the O_PATH descriptor holds. Opened
+                # without waiting: a file that would block (a tracefs pipe) says EAGAIN.
+                opened = _open_magic(fd, os.O_RDONLY | os.O_NONBLOCK)
             except OSError as exc:
                 if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
                     raise
@@ -531,8 +569,9 @@ class Tree:
         try:
             fd = self.open(path)
         except OSError as exc:
+            # EXDEV (a mount point on the way) is an error, not a missing file.
             if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EACCES,
-                             errno.ENAMETOOLONG, errno.EXDEV):
+                             errno.ENAMETOOLONG):
                 return None
             raise
         try:
@@ -601,6 +640,9 @@ class Tree:
         fd = self.open(path)
         try:
             st = os.fstat(fd)
+            if st.st_dev != self.dev:
+                raise OSError(errno.EXDEV, _CROSSING,
+                              str(path))
             if not stat.S_ISREG(st.st_mode):
                 raise OSError(errno.EINVAL if stat.S_ISLNK(st.st_mode) else errno.EPERM,
                               "not a regular file", str(path))
@@ -622,7 +664,8 @@ class Tree:
     def read(self, path, limit):
         # type: (object, int) -> bytes
         """Read at most ``limit`` bytes of a regular file (until EOF: sysfs sizes lie)."""
-        fd = self.open_regular(path)
+        # Without waiting: a file that would block (a tracefs pipe) fails with EAGAIN.
+        fd = self.open_regular(path, os.O_RDONLY | os.O_NONBLOCK)
         try:
             return read_fd(fd, limit)
         finally:
@@ -711,6 +754,16 @@ class Tree:
             return False
         finally:
             os.close(parent)
+
+
+def _held_path(fd):
+    # type: (int) -> Optional[str]
+    """Return the path of the directory a descriptor holds, as the kernel names it now."""
+    try:
+        path = os.readlink("/proc/self/fd/%d" % fd)
+    except OSError:
+        return None
+    return path if path.startswith("/") and not path.endswith(" (deleted)") else None
 
 
 def read_fd(fd, limit):
