@@ -7,11 +7,20 @@ target's ``python3``, else POSIX ``sh``) travels on the connection's stdin, so s
 options, ``become``, jump hosts and the inventory are Ansible's. The tar it prints comes
 back and the checks run here, on the controller. A fix script goes the same way (``bash
 -s`` under ``become``). ``mode: installed`` runs the module on the target instead.
+
+Each node has a deadline (``timeout``, as ``audit host --timeout``): the collecting
+command, reading and parsing its answer and the checks share it. A node that trickles
+its answer, or sends one within the caps that is slow to read, fails its task at the
+deadline with one line; the fix has its own limit (``audit host --apply``'s 10 minutes).
 """
 
 from __future__ import annotations
 
+import contextlib
 import shlex
+import signal
+import threading
+import time
 
 from ansible.plugins.action import ActionBase
 from ansible_collections.host_auditor.gpuhost.plugins.module_utils.host_auditor import (
@@ -23,7 +32,44 @@ from ansible_collections.host_auditor.gpuhost.plugins.module_utils.host_auditor 
 )
 
 #: The most bytes one collection may send back (as ``audit host``).
-MAX_OUTPUT = 256 << 20
+MAX_OUTPUT = 64 << 20
+#: How long a fix may take on a node (upload, run and output), as ``audit host --apply``.
+APPLY_LIMIT_S = 600
+
+
+class NodeTimeout(AuditFailure):
+    """The node's deadline passed."""
+
+
+@contextlib.contextmanager
+def deadline_alarm(seconds, label, what):
+    """Raise NodeTimeout in this process's main thread after ``seconds``.
+
+    Ansible runs each task in a forked worker whose main thread runs the action, and stops
+    a task at its own ``timeout:`` keyword the same way (SIGALRM): an outer alarm is kept
+    and set again afterwards. Off the main thread no alarm can be set; the parsing and the
+    checks are still bounded by the deadline they are given.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expired(signum, frame):
+        del signum, frame
+        raise NodeTimeout(f"{label}: timed out after {seconds:g} s ({what})")
+
+    started = time.monotonic()
+    outer_left = signal.alarm(0)  # seconds left of an alarm already set (0: none)
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, max(0.01, seconds if not outer_left
+                                             else min(seconds, outer_left)))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if outer_left:
+            signal.alarm(max(1, round(outer_left - (time.monotonic() - started))))
 
 
 def _connection_host_class():
@@ -35,8 +81,12 @@ def _connection_host_class():
     class ConnectionHost(Host):
         """A target read through Ansible's connection: collected once, read from memory."""
 
-        def __init__(self, execute, label, root):
+        def __init__(self, execute, label, root, timeout):
             self._execute = execute
+            self.timeout = timeout
+            #: When this audit of the node must be over (``time.monotonic()``); set when
+            #: the collection starts, and shared by the parsing and the checks.
+            self.deadline = None
             self.label = label
             self.name = label
             self.root = root
@@ -46,8 +96,20 @@ def _connection_host_class():
             self._archive = None
 
         def collect(self, patterns):
+            from auditor.errors import AuditorError, CollectError
+            from auditor.hosts.collector_script import denied
+
             command = remote_command(patterns, root=self.root)
-            rc, stdout, stderr = self._execute("/bin/sh -s", command.encode())
+            self.deadline = time.monotonic() + self.timeout
+            with deadline_alarm(self.timeout, self.label, "collecting, reading the answer and "
+                                "the checks share the timeout"):
+                rc, stdout, stderr = self._execute("/bin/sh -s", command.encode())
+                try:
+                    return self._load(rc, stdout, stderr, CollectError, denied)
+                except AuditorError as exc:
+                    raise AuditFailure(" ".join(str(exc).split())) from exc
+
+        def _load(self, rc, stdout, stderr, error, denied):
             if rc != 0:
                 detail = stderr.strip().splitlines()
                 raise AuditFailure(f"{self.label}: the collecting command exited {rc}"
@@ -55,9 +117,15 @@ def _connection_host_class():
             if len(stdout) > MAX_OUTPUT:
                 raise AuditFailure(f"{self.label}: the collection exceeded "
                                    f"{MAX_OUTPUT >> 20} MiB")
-            collection = parse_output(stdout, self.label)
+            collection = parse_output(stdout, self.label, cap=MAX_OUTPUT,
+                                      deadline=self.deadline)
+            del stdout
             self.privilege_note = collection.privilege_note
-            self._archive = ArchiveHost(collection.tar, self.label, name=None)
+            # As audit host reads an answer: uncompressed only, within the caps and the
+            # deadline, and nothing the collector never collects read from it.
+            self._archive = ArchiveHost(collection.tar, self.label, name=None,
+                                        allowed={"none"}, cap=MAX_OUTPUT,
+                                        deadline=self.deadline, error=error, skip=denied)
             hostname = (self._archive.read_optional("/etc/hostname")
                         or self._archive.read_optional("/proc/sys/kernel/hostname") or "")
             words = hostname.split()
@@ -91,7 +159,8 @@ def _connection_host_class():
             return frozenset(names) if names else None
 
         def run_script(self, script, *, sudo=False):
-            rc, stdout, stderr = self._execute("bash -s", script.encode())
+            with deadline_alarm(APPLY_LIMIT_S, self.label, "the fix's own limit"):
+                rc, stdout, stderr = self._execute("bash -s", script.encode())
             output = (stdout + stderr).decode("utf-8", "replace")
             return ScriptResult(rc, output)
 
@@ -136,17 +205,19 @@ class ActionModule(ActionBase):
             result.update(failed=True, msg=f"root {shlex.quote(root)}: give an absolute path")
             return result
         host_class = _connection_host_class()
+        timeout = float(args["timeout"])
         try:
             checks, _policy = load(args)
             patterns = collected_paths(checks, fix=args["state"] == "tuned")
-            host = host_class(self._execute, str(label), root).collect(patterns)
+            host = host_class(self._execute, str(label), root, timeout).collect(patterns)
 
             def reaudit():
                 from auditor.runner import audit
 
                 fresh_checks, policy = load(args)
-                fresh = host_class(self._execute, str(label), root).collect(patterns)
-                return with_privilege(fresh, audit(fresh, fresh_checks, policy))
+                fresh = host_class(self._execute, str(label), root, timeout).collect(patterns)
+                return with_privilege(fresh, audit(fresh, fresh_checks, policy,
+                                                   deadline=fresh.deadline))
 
             outcome = run(host, reaudit, args, check_mode=bool(self._task.check_mode),
                           diff_mode=bool(self._task.diff))

@@ -19,6 +19,7 @@ ARGUMENT_SPEC = {
     "root": {"type": "path"},
     "mode": {"type": "str", "default": "agentless", "choices": ["agentless", "installed"]},
     "executable": {"type": "path", "default": "/usr/local/bin/audit"},
+    "timeout": {"type": "float", "default": 60.0},
 }
 
 #: Where the engines look for ``audit`` on a node: the single-file build (a zipapp) is
@@ -168,7 +169,9 @@ def run(host, reaudit, params, check_mode=False, diff_mode=False):
     from auditor.runner import audit
 
     checks, policy = load(params)
-    report = with_privilege(host, audit(host, checks, policy))
+    # The node's deadline (agentless: set when its collection started) bounds the checks too.
+    report = with_privilege(host, audit(host, checks, policy,
+                                        deadline=getattr(host, "deadline", None)))
     if params["state"] == "audited":
         return _result(report, params)
     try:

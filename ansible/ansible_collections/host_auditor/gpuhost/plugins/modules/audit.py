@@ -77,6 +77,13 @@ options:
         M(ansible.builtin.copy).
     type: path
     default: /usr/local/bin/audit
+  timeout:
+    description:
+      - In O(mode=agentless), the seconds one node's audit may take (C(audit host
+        --timeout)) - the collecting command, reading its answer and the checks - after
+        which its task fails with one line; the fix has its own limit of 10 minutes.
+    type: float
+    default: 60
 attributes:
   check_mode:
     support: full
