@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import fnmatch
+import functools
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -43,6 +44,8 @@ NOT_COLLECTED = "not collected in this capture"
 #: How many uncovered patterns a skip names before "and N more".
 _SHOWN = 3
 
+#: A component with glob characters (one without matches only itself).
+_MAGIC = lazy_re(r"[*?\[]")
 _VERSION = lazy_re(r"^[0-9A-Za-z][0-9A-Za-z.+_-]{0,63}$")
 
 
@@ -116,11 +119,20 @@ class Manifest:
         ``/proc/sys/vm/swappiness``). A process the check looks for is covered only when the
         capture kept that process's entries.
         """
-        exact = set(self.patterns)
-        lacking = [read for read in check.reads
-                   if read not in exact and not any(_covers(p, read) for p in self.patterns)]
+        exact, by_depth = self._index
+        lacking = [read for read in check.reads if read not in exact
+                   and not _covered(read, by_depth.get(read.strip("/").count("/"), ()))]
         lacking += [f"process {name}" for name in sorted(check.daemons - self.daemons)]
         return lacking
+
+    @functools.cached_property
+    def _index(self) -> tuple[frozenset[str], dict[int, list[list[str]]]]:
+        """Return the patterns as a set, and split into components by their depth."""
+        by_depth: dict[int, list[list[str]]] = {}
+        for pattern in self.patterns:
+            parts = pattern.strip("/").split("/")
+            by_depth.setdefault(len(parts) - 1, []).append(parts)
+        return frozenset(self.patterns), by_depth
 
     def skip_reason(self, lacking: Sequence[str]) -> str:
         """Return the message of the skip for a check whose ``lacking`` reads were not taken."""
@@ -141,11 +153,13 @@ def _strings(value: Any, field: str, bad: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _covers(collected: str, read: str) -> bool:
-    """Return whether the collected pattern matches the read pattern component by component."""
-    have, want = collected.strip("/").split("/"), read.strip("/").split("/")
-    return len(have) == len(want) and all(
-        fnmatch.fnmatchcase(w, h) for h, w in zip(have, want, strict=True))
+def _covered(read: str, collected: Iterable[list[str]]) -> bool:
+    """Return whether a collected pattern (split, of the read's depth) matches the read
+    pattern component by component."""
+    want = read.strip("/").split("/")
+    return any(all(h == w or (_MAGIC.search(h) is not None and fnmatch.fnmatchcase(w, h))
+                   for h, w in zip(have, want, strict=True))
+               for have in collected)
 
 
 def make_manifest(checks: Iterable[CheckClass], patterns: Sequence[str], daemons: Iterable[str],
