@@ -229,12 +229,12 @@ def run_smi(deadline=SMI_DEADLINE, cap=SMI_CAP):
         return {SMI_STATUS: _status("exit", 127, b"nvidia-smi: command not found\n")}
     try:
         proc = subprocess.Popen([found, "-q", "-x"], stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
     except OSError as exc:
         return {SMI_STATUS: _status("exit", 126, str(exc).encode("utf-8", "replace"))}
     try:
-        out, _ = proc.communicate(timeout=deadline)
+        out, err = proc.communicate(timeout=deadline)
     except subprocess.TimeoutExpired:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -251,7 +251,7 @@ def run_smi(deadline=SMI_DEADLINE, cap=SMI_CAP):
     if start >= 0:
         files[SMI_XML] = out[start:]
     # What it said besides the XML (a GPU it could not open), or all of it on failure.
-    said = out[:start] if start >= 0 else out
+    said = (out[:start] if start >= 0 else out) + err[-4096:]
     files[SMI_STATUS] = _status("exit", proc.returncode, said)
     return files
 

@@ -355,6 +355,12 @@ def gpu_from_xml(gpu: Any, position: int) -> Gpu:
 
 def state_from_xml(data: bytes, status: str = "") -> GpuState:
     """Return the state ``nvidia-smi -q -x`` output describes (GPUs it names as lost too)."""
+    # What nvidia-smi printed after the document (a GPU it could not open, on the same
+    # stream in the sh collector) is not XML: it is read as what it said.
+    end = data.rfind(b"</nvidia_smi_log>")
+    if end >= 0:
+        status += "\n" + data[end + 17:end + 17 + 4096].decode("utf-8", "replace")
+        data = data[:end + 17]
     try:
         root: Any = parse_xml(data)
     except XmlRefused as exc:

@@ -175,6 +175,15 @@ def test_hostile_xml_is_refused_and_said(data: bytes, why: str) -> None:
     assert why in state.error[1]
 
 
+def test_a_gpu_nvidia_smi_could_not_open_is_named_lost() -> None:
+    said = (b"Unable to determine the device handle for GPU0000:41:00.0: GPU is lost.  "
+            b"Reboot the system to recover this GPU\n")
+    state = gpustate.state_from_xml(smi_xml("580") + said)
+    assert state.error is None
+    assert [(g.bus_id, g.error[0] if g.error else "") for g in state.gpus] == [
+        ("0000:00:06.0", ""), ("0000:41:00.0", "gpu_lost")]
+
+
 def test_a_document_of_another_kind_is_not_judged() -> None:
     state = gpustate.state_from_xml(b"<html><gpu/></html>")
     assert state.error is not None and "not nvidia-smi" in state.error[1]
