@@ -105,6 +105,67 @@ def render_line(reports: Sequence[Report]) -> str:
     return "".join(report_line(r, prefix=r.label) + "\n" for r in kept)
 
 
+# -- Nagios / Icinga plugin ------------------------------------------------------------------
+
+#: The plugin states (Nagios Plugin API, "Plugin Return Codes"; Icinga's are the same).
+NAGIOS_OK, NAGIOS_WARNING, NAGIOS_CRITICAL, NAGIOS_UNKNOWN = 0, 1, 2, 3
+_NAGIOS_NAMES = {NAGIOS_OK: "OK", NAGIOS_WARNING: "WARNING", NAGIOS_CRITICAL: "CRITICAL",
+                 NAGIOS_UNKNOWN: "UNKNOWN"}
+#: Problems listed after the first line (Nagios keeps 8 KiB of a plugin's output by default).
+NAGIOS_LINES = 50
+
+
+def nagios_state(reports: Sequence[Report]) -> int:
+    """Return the plugin state: UNKNOWN if a host could not be audited, else CRITICAL for a
+    ``fail`` or ``error`` finding, WARNING for a ``warn``, else OK (waived ones count as
+    passes, skips are not problems)."""
+    if any(r.error for r in reports):
+        return NAGIOS_UNKNOWN
+    worst = max((f.counted.order for r in reports for f in r.findings), default=0)
+    if worst >= Status.FAIL.order:
+        return NAGIOS_CRITICAL
+    return NAGIOS_WARNING if worst >= Status.WARN.order else NAGIOS_OK
+
+
+def render_nagios(reports: Sequence[Report]) -> str:
+    """Render the Nagios/Icinga plugin output: a status line with performance data, then one
+    line per problem (the plugin's exit code is :func:`nagios_state`)."""
+    from auditor.fleet import one_per_machine
+
+    kept, _ = one_per_machine(reports) if len(reports) > 1 else (list(reports), [])
+    state = nagios_state(kept)
+    counts = dict.fromkeys(("pass", "warn", "fail", "error", "skip", "waived"), 0)
+    for report in kept:
+        for key, value in report.summary().items():
+            counts[key] = counts.get(key, 0) + value
+    several = len(kept) > 1
+    problems: list[str] = []
+    for report in kept:
+        prefix = report.label if several else ""
+        if report.error:
+            problems.append(report_line(report, prefix=prefix, limit=200))
+            continue
+        for finding in _worst_first([f for f in report.findings if f.counted in PROBLEMS]):
+            head = f"{prefix} " if prefix else ""
+            problems.append(_ascii_line(head + _finding_text(finding))[:200])
+    if state == NAGIOS_UNKNOWN:
+        down = [r.label for r in kept if r.error]
+        summary = f"{len(down)} of {len(kept)} hosts not audited: {', '.join(down)}"
+    elif problems:
+        summary = (f"{counts['fail'] + counts['error']} fail, {counts['warn']} warn: "
+                   f"{problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1
+                                       else ""))
+    else:
+        checks = len({r.check for report in kept for r in report.results})
+        summary = f"{checks} checks pass" + (f" on {len(kept)} hosts" if several else "")
+    perf = " ".join(f"{key}={value};;;0" for key, value in counts.items())
+    duration = max((r.duration_s for r in kept), default=0.0)
+    first = _ascii_line(f"HOST-AUDITOR {_NAGIOS_NAMES[state]} - {summary}")[:400]
+    lines = [f"{first} | {perf} duration={duration:.3f}s;;;0"]
+    lines += problems[1:NAGIOS_LINES + 1] if state != NAGIOS_UNKNOWN else problems
+    return "\n".join(lines) + "\n"
+
+
 # -- node-feature-discovery ------------------------------------------------------------------
 
 

@@ -33,7 +33,8 @@ if TYPE_CHECKING:
     from auditor.fleet import FleetView
 
 #: Report formats; ``line`` and ``nfd`` are the engines' own (:mod:`auditor.engines`).
-FORMATS = ("text", "json", "markdown", "html", "junit", "prometheus", "line", "nfd")
+FORMATS = ("text", "json", "markdown", "html", "junit", "prometheus", "line", "nfd", "nagios",
+           "problems")
 _TEMPLATES = {
     "text": "report.txt.j2",
     "markdown": "report.md.j2",
@@ -270,9 +271,13 @@ def render_reports(
         from auditor.prom import render_prometheus
 
         return render_prometheus(reports)
-    if fmt in ("line", "nfd"):
+    if fmt == "problems":
+        return render_problems(reports)
+    if fmt in ("line", "nfd", "nagios"):
         from auditor import engines
 
+        if fmt == "nagios":
+            return engines.render_nagios(reports)
         return engines.render_line(reports) if fmt == "line" else engines.render_nfd(reports)
     kind: Kind = {"html": "html", "junit": "xml",  # type: ignore[assignment]
                   "markdown": "markdown"}.get(fmt, "text")
@@ -317,6 +322,47 @@ def _fleet_summary(reports: Sequence[Report], incomplete: str = "") -> dict[str,
 
 
 # -- many hosts -------------------------------------------------------------------------
+
+
+def _fit_line(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(0, width - 3)].rstrip() + "..."
+
+
+def render_problems(reports: Sequence[Report], width: int | None = None) -> str:
+    """Render only what is wrong, one line each, cut to the terminal's width: a count of
+    hosts by status, then each problem (status, check, subject) with the hosts that have it,
+    worst and most widespread first, then the hosts that could not be audited."""
+    import shutil
+
+    from auditor.fleet import view_of_reports
+
+    if width is None:
+        width = max(40, shutil.get_terminal_size((120, 24)).columns)
+    view = view_of_reports(reports)
+    counts = view.host_counts()
+    hosts = len(view.hosts)
+    down = [r for r in view.hosts if r.error]
+    head = (f"{hosts} host{'s' if hosts != 1 else ''}: {counts['pass'] + counts['skip']} "
+            f"clean, {counts['warn']} warn, {counts['fail']} fail, {len(down)} not audited")
+    lines = [head]
+    for status, check, subject, names in view.problems():
+        shown = ""
+        for index, name in enumerate(names):
+            more = f" (+{len(names) - index} more)"
+            candidate = f"{shown}, {one_line(name)}" if shown else one_line(name)
+            line = f"{status.upper():<5} {check} {one_line(subject)}: {candidate}"
+            if len(line) + (len(more) if index + 1 < len(names) else 0) > width and shown:
+                shown += more
+                break
+            shown = candidate
+        lines.append(_fit_line(f"{status.upper():<5} {check} {one_line(subject)}: {shown}",
+                               width))
+    for report in down:
+        lines.append(_fit_line(f"ERROR {one_line(report.host)}: {one_line(report.error)}",
+                               width))
+    if len(lines) == 1:
+        lines.append("no problems")
+    return "\n".join(lines) + "\n"
 
 
 def fleet_rows(reports: Sequence[Report]) -> tuple[list[str], list[dict[str, Any]]]:

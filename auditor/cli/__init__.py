@@ -22,7 +22,7 @@ import typer
 from typer._click.exceptions import ClickException, NoArgsIsHelpError
 
 from auditor import __version__
-from auditor.cli import fleet, host, local, probe
+from auditor.cli import fleet, host, local, options, probe
 from auditor.cli.options import (
     EXIT_INTERNAL,
     EXIT_OK,
@@ -39,6 +39,8 @@ COMMANDS: dict[str, Callable[..., Any]] = {
     "local": local.local_command,
     "checks": local.checks_command,
     "explain": local.explain_command,
+    "profiles": local.profiles_command,
+    "completion": local.completion_command,
     "host": host.host_command,
     "snapshot": fleet.snapshot_command,
     "fingerprint": fleet.fingerprint_command,
@@ -90,6 +92,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     # typer builds every command's options from its signature on each start (~3 ms a
     # command): a command named first is run from a command line holding only it (its
     # help, options and errors are the same); anything else gets the whole one.
+    if COMPLETE_ENV in os.environ:
+        # The shell asks for completions (the script ``audit completion SHELL`` prints):
+        # typer's shells are registered only then, so a plain run does not pay for them.
+        from typer._completion_classes import completion_init
+
+        completion_init()
     chosen = build(args[0]) if args and args[0] in COMMANDS else app
     # SIGTERM (a scheduler's time limit, systemd stopping a unit, kill) stops the run as
     # Ctrl-C does, so what was done is reported as such (exit 143), never lost in silence.
@@ -97,10 +105,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, raise_terminated)
     try:
-        return _run(chosen, args)
+        options.nagios_emitted = False
+        code = _run(chosen, args)
+        # A Nagios/Icinga plugin says UNKNOWN (3) for bad arguments and its own faults, and
+        # keeps 2 for CRITICAL.
+        if code in (EXIT_USAGE, EXIT_INTERNAL) and _nagios(args) and not options.nagios_emitted:
+            return NAGIOS_UNKNOWN
+        return code
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+#: The variable click's shell completion reads (``_<PROG>_COMPLETE``).
+COMPLETE_ENV = local.COMPLETE_ENV
+#: The Nagios plugin state for an argument error or a fault of the plugin.
+NAGIOS_UNKNOWN = 3
+
+
+def _nagios(args: Sequence[str]) -> bool:
+    """Return whether the command line asks for the Nagios plugin output."""
+    for index, arg in enumerate(args):
+        if arg in ("--format=nagios", "-fnagios"):
+            return True
+        if arg in ("--format", "-f") and index + 1 < len(args) and args[index + 1] == "nagios":
+            return True
+    return False
 
 
 def _run(chosen: typer.Typer, args: list[str]) -> int:

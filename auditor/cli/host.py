@@ -22,6 +22,7 @@ from auditor.cli.options import (
     AcceptNewOpt,
     AuditOptions,
     CheckOpt,
+    ColorOpt,
     DebugOpt,
     FailOnOpt,
     FixScriptOpt,
@@ -32,12 +33,14 @@ from auditor.cli.options import (
     PolicyOpt,
     PortOpt,
     ProfileOpt,
+    QuietOpt,
     RollbackScriptOpt,
     SkipOpt,
     SshConfigOpt,
     SudoOpt,
     TimeoutOpt,
     UserOpt,
+    VerboseOpt,
     YesOpt,
     emit,
     fatal,
@@ -45,7 +48,9 @@ from auditor.cli.options import (
     interrupted_exit,
     note,
     prepare,
+    quiet,
     say,
+    set_verbosity,
     signal_name,
     ssh_options,
 )
@@ -69,7 +74,7 @@ def _progress(total: int) -> tuple[Callable[[Report], None] | None, Callable[[],
     On a terminal: a bar on stderr. Otherwise: one line on stderr per host that was
     audited (a host that could not be audited already has its error line).
     """
-    if total < 2:
+    if total < 2 or quiet():
         return None, lambda: None
     if not sys.stderr.isatty():
         done = 0
@@ -218,6 +223,9 @@ def host_command(
     yes: YesOpt = False,
     prove: ProveOpt = False,
     probe: ProveProbeOpt = None,
+    color: ColorOpt = "auto",
+    quiet_: QuietOpt = False,
+    verbose_: VerboseOpt = False,
 ) -> None:
     """Audit remote Linux hosts over SSH; nothing is installed on them."""
     from auditor.cli.fix import FixRequest
@@ -225,9 +233,10 @@ def host_command(
     from auditor.inventory import load_inventory
     from auditor.runner import FleetAudit
 
-    options = AuditOptions.of(fmt, output, check, skip, fail_on, policy, profile, debug)
+    options = AuditOptions.of(fmt, output, check, skip, fail_on, policy, profile, debug, color)
     request = FixRequest(fix_script, rollback_script, apply, yes)
     with handle_errors(debug):
+        set_verbosity(quiet_, verbose_)
         probes = prove_request(prove, probe, apply, root)
         wanted = [parse_target(t) for t in targets or ()]
         for path in inventory or ():
@@ -247,7 +256,7 @@ def host_command(
     fleet = FleetAudit(wanted, reach, checks, loaded, parallel=parallel, debug=debug,
                        workers=workers,
                        on_error=lambda line: say(f"audit: error: {printable(line)}"),
-                       on_note=lambda line: say(f"audit: warning: {printable(line)}"))
+                       on_note=lambda line: note(f"warning: {printable(line)}"))
     fleet.start()  # fork any workers before the progress bar starts its thread
     on_done, stop_progress = _progress(len(wanted))
     try:

@@ -70,6 +70,27 @@ def exit_code_of(error: BaseException) -> int:
 
 
 _stderr_lock = threading.Lock()
+#: -1 with ``-q`` (errors only), 0 by default, 1 with ``-v``.
+_verbosity = 0
+
+
+def set_verbosity(quiet: bool, verbose: bool) -> None:
+    """Set how much goes to stderr besides errors: ``-q`` nothing, ``-v`` what was chosen."""
+    global _verbosity
+    if quiet and verbose:
+        raise UsageError("-q/--quiet and -v/--verbose contradict each other: choose one")
+    _verbosity = -1 if quiet else (1 if verbose else 0)
+
+
+def quiet() -> bool:
+    """Return whether only errors go to stderr (``-q``)."""
+    return _verbosity < 0
+
+
+def verbose(message: str) -> None:
+    """Print one line of detail to stderr with ``-v``."""
+    if _verbosity > 0:
+        say(f"audit: {printable(message)}")
 
 
 def say(line: str) -> None:
@@ -93,8 +114,9 @@ def fatal(message: str, code: int) -> NoReturn:
 
 
 def note(message: str) -> None:
-    """Print one line of information to stderr (made printable)."""
-    say(f"audit: {printable(message)}")
+    """Print one line of information to stderr (made printable; not with ``-q``)."""
+    if _verbosity >= 0:
+        say(f"audit: {printable(message)}")
 
 
 @contextlib.contextmanager
@@ -154,7 +176,8 @@ FormatOpt = Annotated[
     typer.Option("--format", "-f", metavar=metavar(REPORT_FORMATS),
                  callback=choice("format", REPORT_FORMATS),
                  help="Report format; line: one line per host, at most 80 bytes; nfd: "
-                      "node-feature-discovery labels (default: from the --output file's "
+                      "node-feature-discovery labels; nagios: a Nagios/Icinga plugin's "
+                      "output and exit code (default: from the --output file's "
                       "extension, else text)."),
 ]
 OutputOpt = Annotated[
@@ -174,7 +197,9 @@ FailOnOpt = Annotated[
                       help="Lowest status that exits 1 (warning: the same as warn).")
 ]
 PolicyOpt = Annotated[
-    str | None, typer.Option("--policy", help="TOML policy file of thresholds and waivers.",
+    str | None, typer.Option("--policy", help="TOML policy file of thresholds and waivers "
+                             "(default: $HOST_AUDITOR_POLICY, else "
+                             "/etc/host-auditor/policy.toml where it exists).",
                              metavar="FILE")
 ]
 ProfileOpt = Annotated[
@@ -184,6 +209,15 @@ ProfileOpt = Annotated[
                  help="Built-in profile (default: the policy file's, else gpu-inference)."),
 ]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Re-raise a failing check's exception.")]
+ColorOpt = Annotated[
+    str, typer.Option("--color", "--colour", metavar=metavar(("auto", "always", "never")),
+                      callback=choice("colour", ("auto", "always", "never")),
+                      help="Colour the text report: auto (on a terminal, unless NO_COLOR is "
+                           "set), always or never.")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Only errors on stderr: no "
+                                        "progress, notes or warnings.")]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Also say on stderr what "
+                                          "was chosen: checks, profile, policy file.")]
 RootOpt = Annotated[
     str | None,
     typer.Option("--root", help="Audit a sysroot: a directory or a .tar.gz capture.",
@@ -289,16 +323,28 @@ class AuditOptions:
     policy: str | None = None
     profile: str | None = None
     debug: bool = False
+    #: ``--color``: auto (a terminal, and NO_COLOR not set), always or never.
+    color: str = "auto"
 
     @classmethod
     def of(cls, fmt: str | None = "text", output: str | None = None,
            check: list[str] | None = None, skip: list[str] | None = None,
            fail_on: FailOn | str = FailOn.FAIL, policy: str | None = None,
-           profile: str | None = None, debug: bool = False) -> AuditOptions:
+           profile: str | None = None, debug: bool = False,
+           color: str = "auto") -> AuditOptions:
         """Build the options from a command's parameters (lists as typer passes them; no
         format: the one ``output``'s extension names, else text)."""
         return cls(infer_format(fmt, output, REPORT_FORMATS), output, tuple(check or ()),
-                   tuple(skip or ()), FailOn(fail_on), policy, profile, debug)
+                   tuple(skip or ()), FailOn(fail_on), policy, profile, debug, color)
+
+    def colour(self) -> bool:
+        """Return whether the text report is coloured."""
+        if self.fmt != "text" or self.color == "never":
+            return False
+        if self.color == "always":
+            return True
+        return (self.output in (None, "-") and sys.stdout.isatty()
+                and "NO_COLOR" not in os.environ)
 
 
 def prepare(options: AuditOptions, targets: int = 1) -> tuple[list[CheckClass], Policy]:
@@ -317,7 +363,8 @@ def prepare(options: AuditOptions, targets: int = 1) -> tuple[list[CheckClass], 
         raise UsageError(f"--format nfd labels one node; {targets} hosts were named (run "
                          "audit local on each node)")
     check_output_path(options.output)
-    document = read_policy(options.policy) if options.policy is not None else None
+    path = options.policy if options.policy is not None else default_policy()
+    document = read_policy(path) if path is not None else None
     every = load_checks()
     local = local_plugins(document)
     if local:  # a site's own checks, from the policy file: validated with every other one
@@ -325,8 +372,29 @@ def prepare(options: AuditOptions, targets: int = 1) -> tuple[list[CheckClass], 
     checks = select(every, options.only, options.skip)
     if not checks:
         raise UsageError("no checks left to run after --check/--skip")
-    policy = load_policy(every, options.policy, options.profile, document=document)
+    policy = load_policy(every, path, options.profile, document=document)
+    provenance = dict(policy.provenance())
+    verbose(f"{len(checks)} checks; profile {provenance.get('profile', '-')}; policy "
+            + (f"{path} (sha256 {provenance.get('sha256', '')[:12]})" if path else "none"))
     return checks, policy
+
+
+#: The policy every command reads when ``--policy`` is not given, so that engines (Slurm,
+#: NHC, node-problem-detector, the DaemonSet) need no extra argument.
+DEFAULT_POLICY = "/etc/host-auditor/policy.toml"
+#: Names the policy instead of :data:`DEFAULT_POLICY`; set empty, no policy file at all.
+POLICY_ENV = "HOST_AUDITOR_POLICY"
+
+
+def default_policy() -> str | None:
+    """Return the policy file used without ``--policy``: ``$HOST_AUDITOR_POLICY`` (which
+    must exist; empty: none), else :data:`DEFAULT_POLICY` where it exists, else none."""
+    if POLICY_ENV in os.environ:
+        chosen = os.environ[POLICY_ENV].strip()
+        if chosen and not os.path.exists(chosen):
+            raise UsageError(f"{POLICY_ENV}={chosen}: no such policy file")
+        return chosen or None
+    return DEFAULT_POLICY if os.path.exists(DEFAULT_POLICY) else None
 
 
 def check_output_path(path: str | None, what: str = "report") -> None:
@@ -442,6 +510,11 @@ def exit_code(reports: Sequence[Report], fail_on: FailOn) -> int:
     return max(codes, default=EXIT_OK)
 
 
+#: Set once a Nagios plugin report was written: its exit code is the plugin's state (2 is
+#: CRITICAL there), not host-auditor's (2: usage error, made UNKNOWN for the plugin).
+nagios_emitted = False
+
+
 def emit(reports: Sequence[Report], options: AuditOptions, incomplete: str = "") -> int:
     """Render and write the reports (several hosts: and the fleet table); return the exit code.
 
@@ -453,6 +526,12 @@ def emit(reports: Sequence[Report], options: AuditOptions, incomplete: str = "")
     from auditor.render import render_fleet_table, render_reports
 
     code = exit_code(reports, options.fail_on)
+    if options.fmt == "nagios":
+        from auditor.engines import nagios_state
+
+        global nagios_emitted
+        code = nagios_state(reports)
+        nagios_emitted = True
     if len(reports) > 1:
         from auditor.fleet import one_per_machine
 
@@ -460,12 +539,7 @@ def emit(reports: Sequence[Report], options: AuditOptions, incomplete: str = "")
         for line in same:
             note(f"note: {line}")
 
-    colour = (
-        options.fmt == "text"
-        and (options.output in (None, "-"))
-        and sys.stdout.isatty()
-        and "NO_COLOR" not in os.environ
-    )
+    colour = options.colour()
     if options.fmt == "html" and len(reports) > 1:
         # Several hosts: the fleet page audit merge -f html makes, from this run's reports.
         from auditor.fleet import view_of_reports

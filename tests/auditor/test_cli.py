@@ -122,7 +122,7 @@ def test_version_and_short_help() -> None:
 
 def test_choices_are_shown_as_choices_in_help() -> None:
     local = " ".join(run("local", "-h").stdout.split())
-    assert "[text|json|markdown|html|junit|prometheus|line|nfd]" in local
+    assert "[text|json|markdown|html|junit|prometheus|line|nfd|nagios|problems]" in local
     assert "--fail-on [warn|fail]" in local
     assert "--profile [gpu-inference|latency|throughput]" in local
     assert "--source [auto|udev|kernel]" in " ".join(run("watch", "-h").stdout.split())
