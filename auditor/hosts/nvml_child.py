@@ -1,9 +1,9 @@
 """Read the GPU state through NVML and print it as one JSON document (a child process).
 
-Run as ``python -m auditor.hosts.nvml_child`` by :func:`auditor.hosts.gpustate.run_nvml`,
-never imported by the audit itself: a wrong ctypes call inside NVML kills the interpreter
-that makes it, and NVML blocks on a wedged GPU, so the parent gives this process a
-deadline and survives whatever happens here.
+Run by its path (``python .../auditor/hosts/nvml_child.py``, standard library only) by
+:func:`auditor.hosts.gpustate.run_nvml`, never imported by the audit itself: a wrong
+ctypes call inside NVML kills the interpreter that makes it, and NVML blocks on a wedged
+GPU, so the parent gives this process a deadline and survives whatever happens here.
 
 The document has the keys of :mod:`auditor.checks.lib.gpustate`'s normalised GPU record,
 so a capture of it replays exactly what was judged. Every call is wrapped: an aspect the
