@@ -12,7 +12,8 @@ from elsewhere (``find_distributions`` on a finder other than the path finder) m
 fresh search, as stevedore does for OpenStack's plug-ins.
 
 The cache belongs to the user running the tool, or is not used: its directory and the
-cache directory above it must be that user's and writable by no one else, and the file a
+cache directory above it must be that user's and writable by no one else (group-writable
+only by the user's own private group), and the file a
 regular file of that user's, writable by no one else, opened without following a symlink
 and without blocking (a FIFO planted there never hangs a run). Under ``sudo -E`` the
 cache of the user whose HOME it is is neither read nor written.
@@ -123,8 +124,27 @@ def _ours(directory: str) -> bool:
         st = os.stat(directory)
     except OSError:
         return False
-    return (stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
-            and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & stat.S_IWOTH:
+        return False
+    return not st.st_mode & stat.S_IWGRP or _private_group(st.st_gid)
+
+
+def _private_group(gid: int) -> bool:
+    """Return whether ``gid`` is this user's own group, of which no one else is a member.
+
+    Where users get a group of their own (Debian's and Ubuntu's USERGROUPS_ENAB), their
+    umask is 002 and ``~/.cache`` is often group-writable: writable by them alone.
+    """
+    import grp
+    import pwd
+
+    try:
+        group = grp.getgrgid(gid)
+        user = pwd.getpwuid(os.geteuid())
+    except (KeyError, OSError):
+        return False
+    return gid == user.pw_gid and group.gr_name == user.pw_name and not [
+        member for member in group.gr_mem if member != user.pw_name]
 
 
 def _usable(path: Path) -> bool:

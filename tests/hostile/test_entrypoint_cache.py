@@ -101,3 +101,17 @@ def test_a_fifo_in_place_of_the_cache_never_hangs_a_run(tmp_path: Path) -> None:
     os.mkfifo(cache)
     assert listed(home) >= 20  # run_limited fails the test past its timeout
     assert cache.exists()
+
+
+def test_a_cache_directory_writable_by_another_group_is_not_used(tmp_path: Path) -> None:
+    home = tmp_path / "root-home"
+    home.mkdir(mode=0o700)
+    one_check_cache(home)
+    base = home / ".cache"
+    base.chmod(0o775)
+    # The user's own private group (root's "root"), as umask 002 leaves it: still ours.
+    os.chown(base, 0, 0)
+    assert listed(home) == 1
+    # Another group: its members could swap the cache's directory.
+    os.chown(base, 0, NOBODY)
+    assert listed(home) >= 20
