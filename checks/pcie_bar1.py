@@ -54,6 +54,31 @@ class Bar1Options(CheckOptions):
              "not-resized BAR is a problem)")
 
 
+#: sysfs ``resource`` flags (include/linux/ioport.h): a memory BAR, prefetchable, 64-bit.
+IORESOURCE_MEM = 0x200
+IORESOURCE_PREFETCH = 0x2000
+IORESOURCE_MEM_64 = 0x100000
+
+
+def aperture_bar(lines: Sequence[pci.Resource], vendor: int) -> int | None:
+    """Return the register index of a GPU's memory aperture, found by its register.
+
+    A BAR's sysfs line is its register's index (BAR n at config offset 0x10 + 4n), and a
+    64-bit BAR takes two registers, the upper one's line left empty. The aperture is the
+    first prefetchable memory BAR: BAR1 on a discrete NVIDIA GPU (after the 32-bit register
+    BAR0), BAR2 on a Grace-attached one (its BAR0 is 64-bit), BAR0 on AMD Instinct. Lines
+    without flags (hand-made trees) fall back to the vendor's usual index.
+    """
+    flagged = [(i, r) for i, r in enumerate(lines[:6]) if r.size and r.flags]
+    for index, line in flagged:
+        if line.flags & IORESOURCE_MEM and line.flags & IORESOURCE_PREFETCH:
+            return index
+    if flagged:
+        return None
+    usual = APERTURE_BAR.get(vendor)
+    return usual if usual is not None and len(lines) > usual and lines[usual].size else None
+
+
 def _mib(size: int) -> str:
     return f"{size // MIB} MiB" if size < 1 << 30 else f"{size / (1 << 30):g} GiB"
 
@@ -123,12 +148,14 @@ class PcieBar1(Check[Bar1Options]):
 
     def _judge(self, host: Host, device: pci.PciDevice, traffic: bool, who: str,
                rebar_param: str) -> Finding:
-        bar = APERTURE_BAR[device.vendor or 0]
-        name = f"BAR{bar}"
         what = f"{pci.vendor_name(device.vendor)} GPU"
         lines = pci.resources(host, device.address)
-        if lines is None or len(lines) <= bar or not lines[bar].size:
-            return self.skipped(device.address, f"{what}: sysfs resource lists no {name}")
+        found = aperture_bar(lines, device.vendor or 0) if lines is not None else None
+        if lines is None or found is None:
+            return self.skipped(device.address, f"{what}: sysfs resource lists no "
+                                "prefetchable memory BAR (the peer aperture)")
+        bar = found
+        name = f"BAR{bar}"
         size = lines[bar].size
         supported = list(pci.resize_sizes(host, device.address, bar) or ())
         source = f"resource{bar}_resize" if supported else ""
