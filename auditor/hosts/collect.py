@@ -178,9 +178,16 @@ virtual_smi() {
     printf '\0%s\0' 0
 }
 virtual_kmsg() {
-    command -v dmesg >/dev/null 2>&1 || return 0
+    # dmesg where the ring buffer is open to the user, else this boot's journal.
+    if command -v dmesg >/dev/null 2>&1 && dmesg >/dev/null 2>&1; then
+        set -- dmesg
+    elif command -v journalctl >/dev/null 2>&1; then
+        set -- journalctl -k -b --no-pager -q -o short-monotonic
+    else
+        return 0
+    fi
     printf 'F%s\0' /host-auditor/kmsg
-    rc=$( { { dmesg 2>/dev/null; echo "$?" >&3; } | grep -e NVRM -e 'fallen off the bus' \
+    rc=$( { { "$@" 2>/dev/null; echo "$?" >&3; } | grep -e NVRM -e 'fallen off the bus' \
         | tail -n 2000 | od -An -v -tx1 >&4; } 3>&1 )
     printf '\0%s\0' "$rc"
 }

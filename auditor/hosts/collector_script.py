@@ -256,15 +256,56 @@ def run_smi(deadline=SMI_DEADLINE, cap=SMI_CAP):
     return files
 
 
+def _nvidia_lines(data):
+    # type: (bytes) -> bytes
+    kept = [line[:1024] for line in data.split(b"\n")
+            if b"NVRM" in line or b"fallen off the bus" in line][-_KMSG_LINES:]
+    return b"\n".join(kept) + (b"\n" if kept else b"")
+
+
+def read_journal(deadline=5.0, limit=_KMSG_LIMIT):
+    # type: (float, int) -> Optional[bytes]
+    """Return this boot's kernel messages from the journal, NVIDIA lines only, or None.
+
+    ``journalctl -k -b`` reads the journal where ``/dev/kmsg`` is closed to the user (not
+    root, ``kernel.dmesg_restrict=1``) but the journal is open to them (the adm or
+    systemd-journal group). Its ``short-monotonic`` lines carry seconds since boot.
+    """
+    import signal
+    import subprocess
+
+    found = _which("journalctl")
+    if found is None:
+        return None
+    try:
+        proc = subprocess.Popen([found, "-k", "-b", "--no-pager", "-q", "-o", "short-monotonic"],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    except OSError:
+        return None
+    try:
+        out, _ = proc.communicate(timeout=deadline)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        return None
+    if proc.returncode != 0 or not out:
+        return None
+    return _nvidia_lines(out[-limit:])
+
+
 def read_kmsg(path="/dev/kmsg", limit=_KMSG_LIMIT):
     # type: (str, int) -> Optional[bytes]
-    """Return the kernel log's NVIDIA lines (``/dev/kmsg`` records), None if unreadable."""
+    """Return the kernel log's NVIDIA lines (``/dev/kmsg`` records, else the journal's), or
+    None where neither can be read."""
     import errno
 
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
-        return None
+        return read_journal(limit=limit)
     kept = []  # type: List[bytes]
     total = 0
     try:

@@ -162,6 +162,22 @@ def test_the_lent_h200s_kernel_log_holds_no_xid(make_sysroot: object) -> None:
         (Status.PASS, "kernel-log")]
 
 
+def test_where_dev_kmsg_is_closed_the_journal_is_read(fake_smi: Path,
+                                                       make_sysroot: object) -> None:
+    from auditor.hosts.collector_script import read_kmsg
+
+    journal = fake_smi / "journalctl"
+    journal.write_text("#!/bin/sh\nprintf '%s\\n' '[  812.000001] gpu-01 kernel: NVRM: Xid "
+                       "(PCI:0000:00:06): 79, pid=1, GPU has fallen off the bus.' "
+                       "'[  813.000000] gpu-01 kernel: eth0: link up'\n")
+    journal.chmod(0o755)
+    lines = read_kmsg("/nonexistent/kmsg")
+    assert lines is not None and lines.count(b"\n") == 1 and b"Xid" in lines
+    host = planted(make_sysroot("h200"), {collector.KMSG: lines})  # type: ignore[operator]
+    found = list(GpuXid().evaluate(host))
+    assert [(f.status, f.subject) for f in found] == [(Status.FAIL, "0000:00:06.0")]
+
+
 @pytest.mark.parametrize(("data", "why"), [
     (b'<?xml version="1.0"?><!DOCTYPE l [<!ENTITY a "aaaa">]><nvidia_smi_log>&a;</nvidia_smi_log>',
      "entities"),
