@@ -42,14 +42,28 @@ DRIVER_CHECKS = {"kernel.version", "nvidia.uvm_hmm", "nvidia.modparams", "nvidia
                  "nvidia.persistence", "nvidia.fabricmanager", "rdma.peermem", "container.cdi"}
 
 
+def declaring(*triggers: Trigger) -> set[str]:
+    """Return the ids of the registered checks that declare any of ``triggers``."""
+    return {c.id for c in load_checks() if c.events & set(triggers)}
+
+
 def test_pci_events_rerun_mrrs_and_nvidia_events_rerun_driver_checks() -> None:
-    assert affected_checks(DeviceEvent("change", "pci", "0000:00:03.0")) == PCI_CHECKS
+    # Exactly the checks that declare the event's kinds; and among them, at least the
+    # ones named here (a check added later that declares the event joins them).
+    pci = affected_checks(DeviceEvent("change", "pci", "0000:00:03.0"))
+    assert pci == declaring(Trigger.PCI) and PCI_CHECKS <= pci
     gpu_bind = DeviceEvent("bind", "pci", "0000:41:00.0", driver="nvidia", vendor="0x10de")
-    assert affected_checks(gpu_bind) == {*PCI_CHECKS, "lxc.device_majors", *DRIVER_CHECKS}
+    bound = affected_checks(gpu_bind)
+    assert bound == declaring(Trigger.PCI, Trigger.GPU_MODULE)
+    assert {*PCI_CHECKS, "lxc.device_majors", *DRIVER_CHECKS} <= bound
     module = DeviceEvent("add", "module", "nvidia_uvm")
-    assert affected_checks(module) == {"lxc.device_majors", *DRIVER_CHECKS}
+    loaded = affected_checks(module)
+    assert loaded == declaring(Trigger.GPU_MODULE)
+    assert {"lxc.device_majors", *DRIVER_CHECKS} <= loaded
+    assert not (PCI_CHECKS - DRIVER_CHECKS) & loaded  # a module event is not a PCI event
     node = DeviceEvent("add", "nvidia-caps", "nvidia-cap1", node="/dev/nvidia-caps/nvidia-cap1")
-    assert affected_checks(node) == {"lxc.device_majors", "container.cdi"}
+    assert affected_checks(node) == declaring(Trigger.GPU_NODE) >= {"lxc.device_majors",
+                                                                    "container.cdi"}
     assert affected_checks(DeviceEvent("add", "module", "virtio_net")) == frozenset()
     assert affected_checks(DeviceEvent("change", "block", "vda")) == frozenset()
 
