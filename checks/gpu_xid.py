@@ -3,8 +3,9 @@
 The NVIDIA driver reports GPU faults as ``NVRM: Xid (PCI:0000:41:00): 79, pid=..., ...``
 lines in the kernel log; NVML's Xid events are live only (no history), so the log is the
 only source for an audit. Read from the kernel's ring buffer (``/dev/kmsg`` by the
-collector, ``dmesg`` by the ``sh`` one, into ``/host-auditor/kmsg``: the NVIDIA lines since
-boot, at most 2,000), within ``window_hours``.
+collector, ``dmesg`` by the ``sh`` one; where that is closed to the user, this boot's journal,
+``journalctl -k -b``) into ``/host-auditor/kmsg``: the NVIDIA lines since boot, at most
+2,000, judged within ``window_hours``.
 
 Each Xid is judged by the catalog's immediate resolution (the "Analyzing Xid Catalog"
 page), not by a fixed list:
@@ -172,7 +173,8 @@ class GpuXid(Check[GpuXidOptions]):
                                    "host-auditor/kmsg in this capture)")
             else:
                 yield self.skipped("kernel-log", "the kernel log cannot be read (/dev/kmsg "
-                                   "needs root, or kernel.dmesg_restrict=0)")
+                                   "needs root or kernel.dmesg_restrict=0, and the journal "
+                                   "was not readable either)")
             return
         events = parse_log(text)
         uptime = _uptime(host)

@@ -34,7 +34,9 @@ PATTERNS = [*collected_paths(load_checks()), PCI_CONFIGS, "/proc/devices"]
 #: (processes come and go, so their /proc entries are left out of comparisons, and so are
 #: the files the kernel changes as time passes: the uptime, runtime PM time and state).
 VOLATILE = {"/proc/uptime", "/sys/bus/pci/devices/*/power/runtime_suspended_time",
-            "/sys/bus/pci/devices/*/power/runtime_status"}
+            "/sys/bus/pci/devices/*/power/runtime_status",
+            # the kernel log grows, and who may read it depends on the user (dmesg_restrict)
+            "/host-auditor/kmsg"}
 # pid 1's entries differ by who reads them (its namespace links need ptrace access).
 STABLE_PATTERNS = [p for p in PATTERNS if not p.startswith(("/proc/[0-9]", "/proc/1/"))
                    and p not in VOLATILE]
