@@ -142,6 +142,9 @@ class Watcher:
         from auditor.runner import run_check
 
         lines: list[str] = []
+        # What the checks learned (facts, the driver's GPU state) is of the host before the
+        # event: read it again.
+        self.host.forget()
         for check_id in sorted(check_ids):
             result = run_check(self.host, self.checks[check_id], self.policy, self.debug)
             previous = self.last.get(check_id)

@@ -488,3 +488,17 @@ def test_audit_checks_imports_neither_the_collector_nor_xml() -> None:
     assert "gpu.memory" in proc.stdout
     assert not imported & {"pynvml", "auditor.hosts.gpustate", "auditor.checks.lib.gpustate",
                            "xml.etree.ElementTree", "auditor.hosts.nvml_child"}
+
+
+def test_audit_watch_reads_the_gpu_state_again_after_an_event(make_sysroot: object) -> None:
+    from auditor.policy import load_policy
+    from auditor.watch import Watcher
+
+    root = make_sysroot("h200")  # type: ignore[operator]
+    host = planted(root, {collector.SMI_XML: smi_xml("580")})
+    watcher = Watcher(host, [GpuMemory], load_policy([GpuMemory]))
+    assert watcher.run(["gpu.memory"]) == []
+    root.write(collector.SMI_XML, smi_xml("580", [SmiGpu(remap=(0, 1, "Yes", "No"))]))
+    changed = watcher.run(["gpu.memory"])
+    assert len(changed) == 1 and "pass -> warn" in changed[0] and "remapping is pending" in \
+        changed[0]
