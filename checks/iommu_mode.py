@@ -26,6 +26,7 @@ from auditor.checks.lib.gpupath import (
     CMDLINE,
     NODE_READS,
     OSRELEASE,
+    PEER_READS,
     VFIO_DRIVERS,
     architecture,
     cmdline_tokens,
@@ -106,6 +107,7 @@ class IommuMode(Check[IommuOptions]):
     severity: ClassVar[Severity] = Severity.HIGH
     version_added: ClassVar[str] = "0.1.0"
     reads: ClassVar[tuple[str, ...]] = (
+        *PEER_READS,
         CMDLINE,
         f"{IOMMU_CLASS}/*",
         f"{GROUPS}/*/type",

@@ -33,6 +33,7 @@ from auditor.checks.lib.bootloader import (
 from auditor.checks.lib.gpupath import (
     CMDLINE,
     NODE_READS,
+    PEER_READS,
     VFIO_DRIVERS,
     bridges_above,
     cmdline_tokens,
@@ -98,6 +99,7 @@ class PcieAcs(Check[CheckOptions]):
     severity: ClassVar[Severity] = Severity.CRITICAL
     version_added: ClassVar[str] = "0.1.0"
     reads: ClassVar[tuple[str, ...]] = (
+        *PEER_READS,
         CMDLINE,
         f"{IOMMU_CLASS}/*",
         "/proc/sys/kernel/osrelease",
@@ -150,7 +152,8 @@ class PcieAcs(Check[CheckOptions]):
                 "NVIDIA's platform configuration (pci=config_acs= from rdma_topo) deliberately "
                 "keeps some redirect bits on; not judged against the PCIe-only rule")
             return
-        gpus = {d.address for d in found.gpus}
+        # Only the GPUs that can do P2P (not GeForce boards, which the driver refuses it).
+        gpus = {d.address for d in found.capable}
         inventory = pci.by_address(host)
         fabric = self._fabric(host, inventory)
         gdr = bool(found.gpus and found.rdma)
@@ -163,7 +166,7 @@ class PcieAcs(Check[CheckOptions]):
         parse_bug = _PARSE_BUG[0] <= release < _PARSE_BUG[1]
         findings: list[Finding] = []
         needs_root: list[str] = []
-        for bridge, targets in bridges_above(found.devices).items():
+        for bridge, targets in bridges_above(found.p2p_devices).items():
             device = inventory.get(bridge)
             config = pci.read_config(host, bridge)
             if device is None or config is None:

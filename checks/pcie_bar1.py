@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, ClassVar
 from auditor import environment
 from auditor.check import Check, CheckOptions, option
 from auditor.checks.lib import pci
-from auditor.checks.lib.gpupath import peers
+from auditor.checks.lib.gpupath import PEER_READS, peers
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity
 from auditor.parsing import lazy_re
@@ -108,6 +108,7 @@ class PcieBar1(Check[Bar1Options]):
     severity: ClassVar[Severity] = Severity.HIGH
     version_added: ClassVar[str] = "0.1.0"
     reads: ClassVar[tuple[str, ...]] = (
+        *PEER_READS,
         NVIDIA_PARAMS,
         NVIDIA_INFO,
         *pci.DEVICE_READS,

@@ -115,34 +115,90 @@ def numa_nodes(host: Host) -> NumaNodes:
     return host.fact("gpupath.nodes", read)
 
 
+#: What :func:`peers` reads beyond the PCI inventory: the GPU's model (the driver refuses
+#: GeForce boards P2P) and AMD's xGMI hive membership.
+PEER_READS: tuple[str, ...] = ("/proc/driver/nvidia/gpus/*/information",
+                               f"{pci.PCI_DEVICES}/*/xgmi_hive_info/xgmi_hive_id")
+#: Model names of boards the NVIDIA driver gives no peer-to-peer (nor GPUDirect RDMA).
+_NO_P2P_MODELS = ("GeForce", "TITAN")
+_MODEL = lazy_re(r"Model:\s{0,32}(.{1,128})")
+
+
 class Peers(NamedTuple):
     """The functions that move data peer to peer: GPUs and RDMA-capable NICs."""
 
     gpus: tuple[pci.PciDevice, ...]
     rdma: tuple[pci.PciDevice, ...]
+    #: GPUs the driver refuses peer-to-peer (GeForce boards): never a P2P finding.
+    refused: tuple[pci.PciDevice, ...] = ()
+    #: The fabric that carries GPU-to-GPU traffic instead of PCIe ("" for none).
+    fabric: str = ""
+
+    @property
+    def capable(self) -> tuple[pci.PciDevice, ...]:
+        """Return the GPUs that can do peer-to-peer."""
+        refused = {d.address for d in self.refused}
+        return tuple(d for d in self.gpus if d.address not in refused)
 
     @property
     def traffic(self) -> bool:
-        """Return whether there is peer DMA: two GPUs, or a GPU and an RDMA NIC."""
-        return len(self.gpus) >= 2 or (bool(self.gpus) and bool(self.rdma))
+        """Return whether there is peer DMA over PCIe: two GPUs that can do P2P and no fabric
+        carrying it instead, or such a GPU and an RDMA NIC."""
+        capable = self.capable
+        return (len(capable) >= 2 and not self.fabric) or (bool(capable) and bool(self.rdma))
 
     @property
     def devices(self) -> tuple[pci.PciDevice, ...]:
         return (*self.gpus, *self.rdma)
 
+    @property
+    def p2p_devices(self) -> tuple[pci.PciDevice, ...]:
+        """Return the GPUs that can do P2P and the RDMA NICs."""
+        return (*self.capable, *self.rdma)
+
     def describe(self) -> str:
         """Return the counts in words (``8 GPUs and 8 RDMA NICs``)."""
         gpus = f"{len(self.gpus)} GPU{'s' if len(self.gpus) != 1 else ''}"
         nics = f"{len(self.rdma)} RDMA NIC{'s' if len(self.rdma) != 1 else ''}"
-        return f"{gpus} and {nics}"
+        notes = []
+        if self.refused:
+            notes.append(f"{len(self.refused)} GeForce: the driver refuses them P2P")
+        if self.fabric and len(self.capable) >= 2:
+            notes.append(f"GPU-to-GPU over {self.fabric}")
+        return f"{gpus} and {nics}" + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def _refuses_p2p(host: Host, device: pci.PciDevice) -> bool:
+    if not device.is_nvidia_gpu:
+        return False
+    text = pci.read_file(host, f"/proc/driver/nvidia/gpus/{device.address}/information") or ""
+    match = _MODEL.search(text[:4096])
+    return match is not None and any(word in match.group(1) for word in _NO_P2P_MODELS)
+
+
+def _fabric(host: Host, gpus: Sequence[pci.PciDevice]) -> str:
+    switches = sum(1 for d in pci.devices(host) if d.is_nvswitch)
+    if switches and gpus and all(d.is_nvidia_gpu for d in gpus):
+        return f"NVLink ({switches} NVSwitches)"
+    hives = {(pci.read_file(host, f"{pci.device_path(d.address)}/xgmi_hive_info/"
+                                  "xgmi_hive_id") or "").strip() for d in gpus
+             if d.vendor == pci.AMD_GPU}
+    if len(gpus) >= 2 and all(d.vendor == pci.AMD_GPU for d in gpus) and len(hives) == 1 \
+            and "" not in hives and "0" not in hives:
+        return "xGMI (one hive)"
+    return ""
 
 
 def peers(host: Host, *, exclude_vfio: bool = False) -> Peers:
-    """Return the host's GPUs and RDMA NICs (physical functions only)."""
+    """Return the host's GPUs and RDMA NICs (physical functions only), which GPUs the driver
+    refuses P2P, and the fabric that carries their traffic instead of PCIe."""
     found = [d for d in pci.devices(host) if not d.virtual_function
              and not (exclude_vfio and d.driver in VFIO_DRIVERS)]
-    return Peers(tuple(d for d in found if d.is_gpu),
-                 tuple(d for d in found if d.is_rdma_nic))
+    gpus = tuple(d for d in found if d.is_gpu)
+    refused = tuple(d for d in gpus if _refuses_p2p(host, d))
+    capable = [d for d in gpus if d not in refused]
+    return Peers(gpus, tuple(d for d in found if d.is_rdma_nic), refused,
+                 _fabric(host, capable))
 
 
 def below(bridge: str, targets: Sequence[pci.PciDevice]) -> list[str]:
