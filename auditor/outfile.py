@@ -12,8 +12,9 @@ directory), and often as root. :func:`write_file` therefore:
   beside the target, syncs it, and renames it over the target, so a reader never sees
   half a file; the rename is done only where nobody else may rename or remove our
   entries: a directory writable by no other user, or a sticky one (``/tmp``);
-- refuses a directory that another user may change otherwise (writable by its group or
-  by others without the sticky bit, or owned by another user than us or root).
+- refuses a directory that another user may change otherwise (writable by others, or by
+  a group not our own or root's, without the sticky bit; or owned by another user than
+  us or root).
 
 Every refusal is an :class:`UnsafeOutput` (an OSError) with one line saying why.
 """
@@ -44,7 +45,10 @@ def _directory_is_safe(st: os.stat_result, directory: str) -> None:
     if st.st_uid not in (0, me):
         raise UnsafeOutput(f"the directory {directory} belongs to another user (uid "
                            f"{st.st_uid}): refused")
-    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+    # A directory writable by its group is ours alone when the group is our own (a user's
+    # private group, umask 002) or root's.
+    group_shared = st.st_mode & 0o020 and st.st_gid not in (0, os.getegid())
+    if (st.st_mode & 0o002 or group_shared) and not st.st_mode & stat.S_ISVTX:
         raise UnsafeOutput(f"the directory {directory} may be changed by other users (mode "
                            f"{stat.S_IMODE(st.st_mode):04o}, not sticky): refused")
 

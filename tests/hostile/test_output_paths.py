@@ -96,10 +96,12 @@ def test_a_block_device_at_the_output_is_never_written(tmp_path: Path) -> None:
     assert disk.read_bytes() == before
 
 
-def test_a_directory_others_may_change_is_refused(tmp_path: Path) -> None:
-    """World-writable without the sticky bit: anyone could rename their file over ours
-    between the write and the rename."""
-    shared = _shared(tmp_path, 0o777)
+@pytest.mark.parametrize("mode", [0o777, 0o775])
+def test_a_directory_others_may_change_is_refused(tmp_path: Path, mode: int) -> None:
+    """Writable by everyone, or by another group, without the sticky bit: they could
+    rename their file over ours between the write and the rename."""
+    shared = _shared(tmp_path, mode)
+    os.chown(shared, os.geteuid(), OTHER)
     result = run_limited(_report("-o", str(shared / "r.json")), timeout=60)
     assert result.code == 2 and "not sticky" in result.one_error_line()
     assert list(shared.iterdir()) == []
