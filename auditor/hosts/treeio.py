@@ -213,6 +213,9 @@ class Tree:
         #: The tree's own file system: the component walk never leaves it.
         self.dev = held.st_dev
         self.ino = held.st_ino
+        # Its mount, for the component walk: a bind mount of the same file system has the
+        # same st_dev (openat2 tells every mount apart itself).
+        self.mount = _mount_id(self.fd)
         self.root = _held_path(self.fd) or os.path.realpath(root)
         self.use_openat2 = use_openat2
         # What resolves paths here (openat2, or None for the walk): probed on first use.
@@ -243,7 +246,8 @@ class Tree:
         component walk's mount check (openat2 refuses the crossing itself)."""
         if st is None:
             st = os.fstat(fd)
-        if st.st_dev != self.dev:
+        if st.st_dev != self.dev or (self.mount is not None
+                                     and _mount_id(fd) not in (self.mount, None)):
             os.close(fd)
             raise OSError(errno.EXDEV, _CROSSING)
         return st
@@ -510,6 +514,7 @@ class Tree:
             fd = os.open(name, _O_PATH | _O_NOFOLLOW | _O_CLOEXEC, dir_fd=dirfd)
         finally:
             self.release(parent)
+        self._same_mount(fd)
         return self._read_opath(fd, name, limit)
 
     def _base(self, parent):
@@ -754,6 +759,23 @@ class Tree:
             return False
         finally:
             os.close(parent)
+
+
+def _mount_id(fd):
+    # type: (int) -> Optional[int]
+    """Return the id of the mount a descriptor is on (``/proc/self/fdinfo``), or None."""
+    try:
+        with open("/proc/self/fdinfo/%d" % fd, "rb") as handle:
+            info = handle.read(4096)
+    except OSError:
+        return None
+    for line in info.splitlines():
+        if line.startswith(b"mnt_id:"):
+            try:
+                return int(line.split(b":", 1)[1])
+            except ValueError:
+                return None
+    return None
 
 
 def _held_path(fd):

@@ -185,3 +185,30 @@ def test_the_directory_caps_are_a_captures() -> None:
 
     assert local.MAX_ENTRIES == archive.MAX_MEMBERS
     assert local.MAX_BYTES == archive.MAX_ARCHIVE
+
+
+@pytest.mark.parametrize("use_openat2", [None, False], ids=["openat2", "walk"])
+def test_a_bind_mount_of_the_same_file_system_is_not_crossed(
+    h200: Sysroot, canary: Canary, use_openat2: bool | None
+) -> None:
+    """A bind mount of a directory of the same file system has the tree's st_dev: the
+    component walk (kernels without openat2) tells it by its mount id."""
+    assert os.stat(canary.root).st_dev == os.stat(h200.root).st_dev
+    probe = ("from auditor.hosts.treeio import Tree\n"
+             f"tree = Tree({str(h200.root)!r}, use_openat2={use_openat2!r})\n"
+             "for read in (lambda: tree.read('/etc/sysctl.d/secret', 100),\n"
+             "             lambda: tree.read_file(b'/etc/sysctl.d', b'secret', 100),\n"
+             "             lambda: tree.read_file(b'/etc/sysctl.d', b'secret', 100),\n"
+             "             lambda: tree.listdir('/etc/sysctl.d')):\n"
+             "    try:\n"
+             "        print('read', read())\n"
+             "    except OSError as exc:\n"
+             "        print('refused', exc.strerror)\n")
+    sysctl_d = h200.path("/etc/sysctl.d")
+    result = _namespace(
+        f"mount --bind {shlex.quote(str(canary.root))} {shlex.quote(str(sysctl_d))}\n"
+        f"{shlex.quote(sys.executable)} -c {shlex.quote(probe)}\n")
+    assert result.returncode == 0, result.stderr
+    assert canary.secret not in result.stdout
+    assert result.stdout.count("refused a mount point inside the tree is not crossed") == 4, \
+        result.stdout
