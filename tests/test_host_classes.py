@@ -26,6 +26,14 @@ from tests.support.hostgen.containers import build_lxc_host, build_pve9
 from tests.support.hostgen.guests import build_container_audit, build_kvm_guest
 from tests.support.hostgen.nvidia import build_driver_host
 from tests.support.hostgen.platforms import build_epyc, build_grace
+from tests.support.hostgen.serving import (
+    dgx_class,
+    docker_gpu_container,
+    grace_blackwell,
+    hyperv_vm,
+    rhel_metal,
+    suse_metal,
+)
 
 HOSTS: dict[str, Callable[[], Tree]] = {
     "proxmox-8gpu": lambda: build_host(HostSpec(cpus=32)),
@@ -44,6 +52,12 @@ HOSTS: dict[str, Callable[[], Tree]] = {
     "epyc": build_epyc,
     "grace-arm64": build_grace,
     "nvidia-driver-host": build_driver_host,
+    "docker-gpu-container": docker_gpu_container,
+    "hyperv-vm": hyperv_vm,
+    "grace-blackwell": grace_blackwell,
+    "dgx-class": dgx_class,
+    "rhel-metal": rhel_metal,
+    "suse-metal": suse_metal,
 }
 
 
