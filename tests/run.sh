@@ -10,7 +10,8 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
                 ssh-keygen:openssh-client udevadm:udev shellcheck:shellcheck ip:iproute2 \
                 tc:iproute2 sudo:sudo chromium:chromium \
                 prometheus-node-exporter:prometheus-node-exporter munged:munge \
-                slurmctld:slurmctld slurmd:slurmd scontrol:slurm-client srun:slurm-client; do
+                slurmctld:slurmctld slurmd:slurmd scontrol:slurm-client srun:slurm-client \
+                unshare:util-linux; do
         cmd=${pair%%:*} pkg=${pair#*:}
         command -v "$cmd" >/dev/null 2>&1 || [ -x "/usr/sbin/$cmd" ] || need+=("$pkg")
     done

@@ -10,6 +10,7 @@ internal error (a defect of host-auditor; ``--debug`` shows the traceback);
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import sys
 import threading
@@ -476,6 +477,12 @@ def keep_unsaved(reports: Sequence[Report]) -> str:
         os.close(fd)
 
 
+#: Write errors no check before the work can foresee (the disk filled up meanwhile, a quota,
+#: an I/O error): the reports are then kept elsewhere. A refused path (permissions, a
+#: symlink) is the command line's fault and is said as such.
+LATE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG})
+
+
 def write_output(text: str, output: str | None,
                  reports: Sequence[Report] | None = None) -> None:
     """Write rendered text to stdout, or to a file through a dot-file and a rename.
@@ -493,7 +500,7 @@ def write_output(text: str, output: str | None,
         write_atomic(output, text)
     except OSError as exc:
         kept = ""
-        if reports:
+        if reports and exc.errno in LATE_ERRNOS:
             try:
                 kept = (f"; the {len(reports)} host{'s' if len(reports) != 1 else ''}' "
                         f"results are kept in {keep_unsaved(reports)}")

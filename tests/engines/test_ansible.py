@@ -42,6 +42,11 @@ class Ansible:
     inventory: Path
     env: dict[str, str]
 
+    @property
+    def state(self) -> Path:
+        """Where the fixes the plays run keep their state (the play's environment)."""
+        return self.workdir / "fix-state"
+
     def playbook(self, tasks: list[dict[str, Any]], *args: str, become: bool = True,
                  gather_facts: bool = False, extra_vars: dict[str, Any] | None = None
                  ) -> tuple[int, dict[str, Any], str]:
@@ -62,7 +67,10 @@ class Ansible:
             "check_mode": False,
             "diff": False,
         }
+        # A fix's state (old values, backups, its rollback) goes to the run's own directory
+        # through the play's environment, never to this machine's /var/lib/host-auditor.
         play = [{"hosts": "gpu", "gather_facts": gather_facts, "become": become,
+                 "environment": {"HOST_AUDITOR_STATE_DIR": str(self.state)},
                  "tasks": [*tasks, keep]}]
         path = self.workdir / "play.yml"
         path.write_text(yaml.safe_dump(play, sort_keys=False))
@@ -240,6 +248,8 @@ def test_apply_with_become_then_again_changes_nothing(ansible: Ansible, image: P
     rollback = Path(tune["rollback"])
     # The rollback is kept where the tree's owner cannot rewrite it: outside the tree.
     assert rollback.is_file() and not rollback.is_relative_to(image)
+    # ... where the play's environment put it (the agentless action honours environment:).
+    assert rollback.is_relative_to(ansible.state)
 
     code, results, output = ansible.playbook(
         [audit_task("again", root=str(image), state="tuned", fail_on="never")])
@@ -248,11 +258,11 @@ def test_apply_with_become_then_again_changes_nothing(ansible: Ansible, image: P
     assert tree_hash(image) == fixed
     kept = image / "rollback-copy.sh"
     shutil.copy(rollback, kept)
-    # Run as the fix ran (as root, without the tests' own state directory), so it finds
-    # the state the fix kept.
+    # Run as the fix ran (as root, with the play's state directory), so it finds the
+    # state the fix kept.
     from auditor.hosts.sysroot_fix import STATE_ENV
 
-    env = {k: v for k, v in os.environ.items() if k != STATE_ENV}
+    env = {**os.environ, STATE_ENV: str(ansible.state)}
     undone = subprocess.run(["bash", str(kept)], capture_output=True, text=True, check=False,
                             env=env)
     kept.unlink()

@@ -175,7 +175,12 @@ class ActionModule(ActionBase):
     _supports_async = False
 
     def _execute(self, command, stdin):
-        """Run ``command`` (a shell word list) with ``stdin`` on the target, under become."""
+        """Run ``command`` (a shell word list) with ``stdin`` on the target, under become,
+        with the play's and task's ``environment:`` (as a module gets it: the shell
+        plugin's prefix, inside become, so sudo does not reset it)."""
+        environment = self._compute_environment_string()
+        if environment:
+            command = f"{environment} {command}"
         result = self._low_level_execute_command(
             command, sudoable=True, in_data=stdin, encoding_errors="surrogateescape")
         # The connection's bytes, as they were: the tar is binary.
@@ -219,8 +224,11 @@ class ActionModule(ActionBase):
                 return with_privilege(fresh, audit(fresh, fresh_checks, policy,
                                                    deadline=fresh.deadline))
 
+            environment = {}
+            self._compute_environment_string(environment)
             outcome = run(host, reaudit, args, check_mode=bool(self._task.check_mode),
-                          diff_mode=bool(self._task.diff))
+                          diff_mode=bool(self._task.diff),
+                          state_dir=environment.get("HOST_AUDITOR_STATE_DIR"))
         except AuditFailure as exc:
             result.update(failed=True, msg=str(exc))
             return result

@@ -157,11 +157,13 @@ def with_privilege(host, report):
     return replace(report, facts=(*report.facts, ("privilege", note))) if note else report
 
 
-def run(host, reaudit, params, check_mode=False, diff_mode=False):
+def run(host, reaudit, params, check_mode=False, diff_mode=False, state_dir=None):
     """Audit ``host`` (and with ``state: tuned`` fix it); return the task's result.
 
     ``reaudit()`` returns a fresh report after a fix. Raise AuditFailure for a failure
-    that has no report (bad options, a fix that cannot be planned).
+    that has no report (bad options, a fix that cannot be planned). ``state_dir``: the
+    ``HOST_AUDITOR_STATE_DIR`` the fix runs with on the target (the task's environment),
+    so the rollback handle names where the fix really kept its rollback.
     """
     from auditor.errors import AuditorError
     from auditor.fix import build_fix
@@ -209,6 +211,11 @@ def run(host, reaudit, params, check_mode=False, diff_mode=False):
     from auditor.hosts import DirectoryHost, LocalHost
 
     rollback = kept_rollback(plan, local=isinstance(host, (DirectoryHost, LocalHost)))
+    if state_dir and plan.sysroot and not isinstance(host, (DirectoryHost, LocalHost)):
+        from auditor.hosts.sysroot_fix import state_key
+
+        rollback = "/".join([state_dir.rstrip("/"), state_key(plan.root), plan.fix_id,
+                             "rollback.sh"])
     extra = {
         "changed": bool(moved),
         "fix": planned,
