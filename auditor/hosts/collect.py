@@ -122,10 +122,16 @@ walk() {
         cand=$cur/$part
         if denied "$cand"; then return 0; fi
         if [ -L "$R$cand" ]; then
-            target=$(readlink "$R$cand" && printf x)
-            [ -n "$target" ] || return 0
-            target=${target%x}
-            target=${target%?}
+            if [ "$cand" = /proc/self ]; then
+                # Reached through a link (/proc/mounts -> self/mounts): readlink would
+                # name its own, finished process; this shell's is the reader's.
+                target=$$
+            else
+                target=$(readlink "$R$cand" && printf x)
+                [ -n "$target" ] || return 0
+                target=${target%x}
+                target=${target%?}
+            fi
             printf 'L%s\0%s\0' "$cand" "$target"
             hops=$((hops + 1))
             [ "$hops" -le 40 ] || return 0

@@ -32,11 +32,12 @@ PCI_CONFIGS = "/sys/bus/pci/devices/*/config"
 PATTERNS = [*collected_paths(load_checks()), PCI_CONFIGS, "/proc/devices"]
 #: Patterns whose matches stay put between a collection and a look at the live host
 #: (processes come and go, so their /proc entries are left out of comparisons, and so are
-#: the files the kernel changes as time passes: the uptime, runtime PM time and state).
+#: the files the kernel changes as time passes: the uptime, runtime PM time and state, the
+#: free memory).
 VOLATILE = {"/proc/uptime", "/sys/bus/pci/devices/*/power/runtime_suspended_time",
             "/sys/bus/pci/devices/*/power/runtime_status",
             # the kernel log grows, and who may read it depends on the user (dmesg_restrict)
-            "/host-auditor/kmsg"}
+            "/host-auditor/kmsg", "/proc/meminfo"}
 # pid 1's entries differ by who reads them (its namespace links need ptrace access).
 STABLE_PATTERNS = [p for p in PATTERNS if not p.startswith(("/proc/[0-9]", "/proc/1/"))
                    and p not in VOLATILE]
