@@ -4,7 +4,10 @@ end of the work can tell (a full disk) still leaves every host's result on disk.
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +19,7 @@ from tests.support.sshd import free_port
 from tests.support.sysroot import Sysroot
 
 ssh = pytest.mark.ssh
+AUDIT = str(Path(sys.executable).parent / "audit")
 
 
 class CountingListener:
@@ -99,35 +103,53 @@ def test_local_checks_its_output_before_the_audit(
     assert run(capsys, "fingerprint", "-o", str(tmp_path / "no" / "f.txt"))[0] == 2
 
 
-def test_a_full_disk_keeps_the_report_of_one_host(
-    h200: Sysroot, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str]
-) -> None:
-    unsaved = tmp_path / "unsaved"
-    monkeypatch.setenv("HOST_AUDITOR_UNSAVED_DIR", str(unsaved))
-    code, _, err = run(capsys, "local", "--root", str(h200.root), "-o", "/dev/full")
-    assert code == 2 and "No space left on device" in err and err.count("\n") == 1
-    [kept] = unsaved.iterdir()
+def full_disk_run(tmp_path: Path, *args: str) -> tuple[int, str]:
+    """Run ``audit ARGS -o FULL/report`` where FULL is a tmpfs (of a mount namespace of the
+    run's own) filled up: the report's write fails with ENOSPC."""
+    full = tmp_path / "full"
+    full.mkdir()
+    script = ('mount -t tmpfs -o size=16k tmpfs "$1" && '
+              '{ head -c 65536 /dev/zero > "$1/filler" 2>/dev/null; shift; exec "$@"; }')
+    proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script,
+                           "sh", str(full), AUDIT, *args, "-o", str(full / "report.out")],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "HOST_AUDITOR_UNSAVED_DIR": str(tmp_path / "kept")})
+    return proc.returncode, proc.stderr
+
+
+def test_a_full_disk_keeps_the_report_of_one_host(h200: Sysroot, tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("mounting the small tmpfs needs root")
+    code, err = full_disk_run(tmp_path, "local", "--root", str(h200.root), "--format", "json")
+    assert code == 2 and "No space left on device" in err and err.count("\n") == 1, err
+    [kept] = (tmp_path / "kept").iterdir()
     assert str(kept) in err and (kept.stat().st_mode & 0o777) == 0o600
     report = json.loads(kept.read_text())
     assert report["target"] == f"sysroot:{h200.root}" and report["findings"]
 
 
+def test_a_refused_output_keeps_nothing(h200: Sysroot, tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """Only a write error the checks before the work could not foresee keeps the reports."""
+    monkeypatch.setenv("HOST_AUDITOR_UNSAVED_DIR", str(tmp_path / "kept"))
+    code, _, err = run(capsys, "local", "--root", str(h200.root), "-o", "/dev/null")
+    assert code == 2 and "kept in" not in err
+    assert not (tmp_path / "kept").exists()
+
+
 @ssh
 def test_a_full_disk_after_a_fleet_keeps_every_hosts_result(
-    ssh_env: SshEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str]
+    ssh_env: SshEnv, tmp_path: Path
 ) -> None:
-    unsaved = tmp_path / "unsaved"
-    monkeypatch.setenv("HOST_AUDITOR_UNSAVED_DIR", str(unsaved))
     dead = f"127.0.0.1:{free_port()}"
-    code, _, err = run(capsys, "host", ssh_env.server.target, dead, *ssh_env.cli_args(SUDO),
-                       "--timeout", "2", "--check", "numa.balancing", "--format",
-                       "prometheus", "-o", "/dev/full")
-    assert code == 2
+    code, err = full_disk_run(tmp_path, "host", ssh_env.server.target, dead,
+                              *ssh_env.cli_args(SUDO), "--timeout", "2", "--check",
+                              "numa.balancing", "--format", "json")
+    assert code == 2, err
     [line] = [x for x in err.splitlines() if "cannot write report" in x]
-    assert "the 2 hosts' results are kept in" in line
-    [kept] = unsaved.iterdir()
+    assert "No space left on device" in line and "the 2 hosts' results are kept in" in line
+    [kept] = (tmp_path / "kept").iterdir()
     hosts = json.loads(kept.read_text())["hosts"]
     assert [h["name"] for h in hosts] == [ssh_env.server.target, dead]
     assert hosts[0]["findings"] and "error" in hosts[1]
