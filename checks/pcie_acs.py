@@ -212,6 +212,15 @@ class PcieAcs(Check[CheckOptions]):
                               "match it, or the kernel predates the parameter"))
             elif cover.stopped:
                 ignored = "; the kernel cannot parse the ACS device list on the command line"
+            if acs.redirect and self._alone(bridge, targets, found.p2p_devices, inventory):
+                # One peer device below this port and none beside it below the port above:
+                # its peer traffic crosses the ports above either way, redirected or not.
+                findings.append(self.passed(
+                    bridge, f"{port} redirects ({' '.join(set_names) or 'EgressCtrl'}, ACSCtl "
+                    f"{acs.control:#06x}) above a single peer device ({targets[0]}) with none "
+                    "beside it: its peer traffic crosses the ports above either way",
+                    evidence={**ev, "problem": "alone"}))
+                continue
             if acs.redirect & _REDIRECT:
                 downstream = cap is not None and cap.port_type == 0x6
                 if below_gpus and not fabric:
@@ -265,6 +274,19 @@ class PcieAcs(Check[CheckOptions]):
                                f"only root can read ({len(needs_root)} port(s) above "
                                f"{found.describe()})",
                                evidence={"ports": short_list(needs_root)})
+
+    @staticmethod
+    def _alone(bridge: str, targets: list[str], devices: Sequence[pci.PciDevice],
+               inventory: dict[str, pci.PciDevice]) -> bool:
+        """Return whether a port has one peer device below it and no sibling peer below the
+        port above it (a root port with one device, a switch with one peer)."""
+        if len(targets) != 1:
+            return False
+        port = inventory.get(bridge)
+        above = port.ancestors() if port is not None else []
+        if not above:
+            return True
+        return not any(above[0] in d.ancestors() and d.address != targets[0] for d in devices)
 
     @staticmethod
     def _fabric(host: Host, inventory: dict[str, pci.PciDevice]) -> str:
