@@ -83,9 +83,14 @@ class Cluster:
 
 
 def _shim(path: Path, script: Path, settings: Path) -> Path:
-    """slurm.conf names a program, not a command line: pass the settings file by a shim."""
-    path.write_text(f"#!/bin/sh\nexec /usr/bin/env HOST_AUDITOR_SLURM_CONFIG={settings} "
-                    f"{script}\n")
+    """slurm.conf names a program, not a command line: pass the settings file by a shim.
+
+    slurmd runs the program as it starts, before the test has written the settings: until
+    then the shim does nothing (the script's defaults would audit this machine with
+    /usr/local/bin/audit and leave its log in this machine's /var/lib/host-auditor).
+    """
+    path.write_text(f"#!/bin/sh\n[ -f {settings} ] || exit 0\n"
+                    f"exec /usr/bin/env HOST_AUDITOR_SLURM_CONFIG={settings} {script}\n")
     path.chmod(0o755)
     return path
 
