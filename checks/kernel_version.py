@@ -4,12 +4,17 @@ Subjects:
 
 - ``kernel``: the running release judged by the line it belongs to
   (:func:`auditor.checks.lib.kernels.classify`). The policy minimum applies to vanilla
-  kernels and to the Proxmox line (and to Fedora's, which follows upstream); a
-  vendor-maintained line (Ubuntu's flavours, RHEL and rebuilds, Debian, cloud kernels)
-  passes when it is current for its release, since its upstream number says little about
-  its backports; a policy can set a minimum per line. A newer kernel of the same line that is
-  installed but not booted is "reboot pending"; a next boot that would start a kernel of
-  another line is said.
+  kernels, to kernels of an unknown line and to the rolling lines that follow upstream
+  (Proxmox, Fedora, Arch, Tumbleweed); a vendor-maintained line (Ubuntu's flavours, RHEL and
+  rebuilds, SUSE, Debian, cloud kernels) passes when it is current for its release on the
+  judged date (dated tables: a superseded HWE step of a rolling Ubuntu flavour, a RHEL minor
+  stream or SLE service pack past its support is behind), since its upstream number says
+  little about its backports; a policy can set a minimum per line. A kernel found behind
+  names what keeps it there: a hold on its packages (``apt-mark hold``, ``dnf versionlock``)
+  and unattended upgrades that are off. The date judged against is the capture's (its
+  manifest) when a snapshot is replayed, else today's, and the finding says which. A newer
+  kernel of the same line that is installed but not booted is "reboot pending"; a next boot
+  that would start a kernel of another line is said.
 - ``nvidia-driver``: Blackwell GPUs need NVIDIA's open kernel module from R570 on; and the
   kernel the next boot picks must carry the nvidia module (in its modules.dep: DKMS's
   ``updates/dkms``, the runfile's ``kernel/drivers/video``, Ubuntu's precompiled
@@ -21,6 +26,7 @@ Subjects:
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, ClassVar
@@ -52,9 +58,21 @@ if TYPE_CHECKING:
     from auditor.remediations.steps import Advice, FixContext, Remedy
 
 OS_RELEASE = "/etc/os-release"
+#: A replayed capture's manifest (:mod:`auditor.manifest`): the date the capture was taken.
+CAPTURE_MANIFEST = "/host-auditor/manifest.json"
 NVIDIA_VENDOR = pci.NVIDIA
-#: Lines the policy ``minimum`` applies to: no vendor backports to the number.
-MINIMUM_LINES = frozenset({"vanilla", "pve", "fedora"})
+#: Lines the policy ``minimum`` applies to: no vendor backports to the number (rolling
+#: lines that follow upstream, upstream builds, and a line not known, judged by its number).
+MINIMUM_LINES = frozenset({"vanilla", "unknown", "pve", "fedora", "arch", "arch-zen",
+                           "arch-hardened", "arch-rt", "suse-tumbleweed"})
+#: Package names that carry a kernel, per family (a hold on one keeps the kernel back).
+KERNEL_PACKAGES = ("linux-image-", "linux-generic", "linux-modules-", "linux-headers-",
+                   "linux-virtual", "linux-aws", "linux-azure", "linux-gcp", "linux-oracle",
+                   "linux-nvidia", "linux-lowlatency", "linux-oem", "linux-hwe",
+                   "proxmox-kernel", "pve-kernel")
+#: A versionlock entry or exclude= glob as it may be said in a message (nothing else).
+_RPM_SPEC = re.compile(r"[A-Za-z0-9._:+*~-]{1,128}")
+RPM_KERNEL = ("kernel", "kernel-core", "kernel-modules", "kernel-default", "kernel-uek")
 RHEL_LIKE = {"rhel", "centos", "rocky", "almalinux", "fedora", "ol"}
 
 
@@ -100,9 +118,18 @@ def upgrade_command(
         # Another Ubuntu line (-nvidia, -nvidia-64k, a cloud's): its own metapackage, never
         # the generic HWE kernel.
         return ("apt", "install", "--only-upgrade", f"linux-{flavour}")
-    if line.name == "vanilla":
-        # A kernel built from upstream sources: the distribution's kernel is another line.
+    if line.name in ("vanilla", "unknown"):
+        # A kernel built from upstream sources (or of a line not known): the distribution's
+        # kernel is another line.
         return ()
+    if line.name == "sles" or ids & {"suse", "sles", "opensuse"}:
+        flavour = line.flavour if safe_word(line.flavour) else "default"
+        return ("zypper", "--non-interactive", "install", f"kernel-{flavour}")
+    if line.name.startswith("arch"):
+        # Arch supports no partial upgrade: the kernel comes with the whole system.
+        return ("pacman", "-Syu")
+    if line.name == "fedora":
+        return ("dnf", "upgrade", "--refresh", "kernel")
     if "debian" in ids:
         codename = os_release.get("VERSION_CODENAME", "") or _codename(os_release)
         if safe_word(codename):
@@ -111,6 +138,52 @@ def upgrade_command(
     if ids & RHEL_LIKE:
         return ("dnf", "install", "kernel")
     return ()
+
+
+def judged_on(host: Host, as_of: str = "") -> tuple[dt.date, str]:
+    """Return the date kernel lifecycles are judged on, and where that date comes from.
+
+    A replayed capture is judged on the day it was taken (its manifest's ``created``): a
+    kernel current then is not made "behind" by a table row written later.
+    """
+    if as_of:
+        return dt.date.fromisoformat(as_of), "the policy's as_of"
+    today = dt.datetime.now(dt.timezone.utc).date()
+    if host.kind != "sysroot":
+        return today, "today"
+    from auditor.errors import SnapshotError
+    from auditor.manifest import PATH, read_manifest
+    try:
+        manifest = read_manifest(host)
+    except SnapshotError:
+        manifest = None
+    if manifest is None:
+        return today, "today (the capture carries no manifest: its own date is unknown)"
+    return (dt.datetime.fromisoformat(manifest.created).date(),
+            f"the capture's date ({PATH.lstrip('/')})")
+
+
+def kernel_holds(host: Host) -> list[str]:
+    """Return the kernel packages held back: ``apt-mark hold``, dnf versionlock or exclude."""
+    held = [p.name for p in packages.dpkg_packages(host).by_name.values()
+            if p.held and p.name.startswith(KERNEL_PACKAGES)]
+    for path, key in ((packages.VERSIONLOCK, ""), (packages.DNF_CONF, "exclude")):
+        for raw in (files.read_optional(host, path) or "").split("\n")[:4096]:
+            line = raw.strip()
+            if key:
+                name, sep, value = line.partition("=")
+                if not sep or name.strip() not in ("exclude", "excludepkgs"):
+                    continue
+                words = value.replace(",", " ").split()[:256]
+            else:
+                words = [line.lstrip("!")] if line and not line.startswith("#") else []
+            for word in words:
+                # versionlock: name-[epoch:]version-release.arch; exclude=: a name or glob.
+                stem = word.rstrip("*")
+                name = re.split(r"-[0-9]", stem, maxsplit=1)[0] if not key else stem
+                if name.rstrip("-") in RPM_KERNEL and _RPM_SPEC.fullmatch(word):
+                    held.append(f"{word[:128]} ({path})")
+    return sorted(set(held))[:16]
 
 
 class KernelOptions(CheckOptions):
@@ -124,6 +197,9 @@ class KernelOptions(CheckOptions):
                  "ubuntu-generic=6.8); a line named here is judged by this number")
     blackwell_min_driver: str = option(
         "570", help="the oldest NVIDIA driver branch that supports Blackwell GPUs")
+    as_of: str = option(
+        "", help="judge kernel lifecycles on this date (YYYY-MM-DD); default: the capture's "
+                 "date when a snapshot with a manifest is replayed, else today")
 
     def validate(self, where: str) -> None:
         """Versions must read as versions; line minimums as LINE=VERSION."""
@@ -132,6 +208,12 @@ class KernelOptions(CheckOptions):
             if not version_tuple(value):
                 raise PolicyError(f"{where}.{name} must be a version such as 6.14, got "
                                   f"{value!r}")
+        if self.as_of:
+            try:
+                dt.date.fromisoformat(self.as_of)
+            except ValueError:
+                raise PolicyError(f"{where}.as_of must be a date such as 2025-06-30, got "
+                                  f"{self.as_of!r}") from None
         for entry in self.line_minimums:
             line, sep, version = entry.partition("=")
             if not sep or not re.fullmatch(r"[a-z0-9-]{2,40}", line) or not version_tuple(
@@ -159,6 +241,8 @@ class KernelVersion(Check[KernelOptions]):
         *kernels.NEXT_BOOT_READS,
         *kernels.MODULE_READS,
         OS_RELEASE,
+        *packages.UPGRADE_READS,
+        CAPTURE_MANIFEST,
         *nvidia.DRIVER_READS,
         *nvidia.USERSPACE_READS,
         nvidia.OPERATOR_ROOT,
@@ -243,10 +327,11 @@ class KernelVersion(Check[KernelOptions]):
                 then, fix = f"; {pending} is installed: reboot into it", f"reboot into {pending}"
             elif pending:
                 then = f"; the newest installed, {pending}, is below {minimum} too"
+            kept = "" if pending else self._kept_back(host, ev)
             return self.failed(
                 "kernel", f"running kernel {running} ({line.describe()}) is older than "
-                f"{minimum}{then}", observed=running, expected=f">= {minimum}", fix=fix,
-                evidence=ev)
+                f"{minimum}{then}{kept}", observed=running, expected=f">= {minimum}",
+                fix=fix, evidence=ev)
         if pending:
             return self.warned(
                 "kernel", f"reboot pending: kernel {pending} of the same line is installed but "
@@ -259,21 +344,52 @@ class KernelVersion(Check[KernelOptions]):
                 f"{nxt.how if nxt else ''}", observed=running, expected=f"a {line.name} kernel",
                 fix=f"remove {other} or set the boot default to the {line.name} kernel",
                 evidence=ev)
-        if minimum:
+        if minimum and line.name not in kernels.DATED_ROLLING_LINES:
             return self.passed(
                 "kernel", f"running kernel {running} is at or above {minimum}",
                 observed=running, expected=f">= {minimum}", evidence=ev)
-        currency = kernels.currency(line, os_release)
+        on, source = judged_on(host, self.options.as_of)
+        ev["judged_on"] = on.isoformat()
+        ev["judged_on_source"] = source
+        if on > kernels.TABLES_DATE.replace(year=kernels.TABLES_DATE.year + 1):
+            ev["tables_date"] = kernels.TABLES_DATE.isoformat()
+        currency = kernels.currency(line, os_release, on)
         ev["current_because"] = currency.why
         if not currency.current:
+            kept = self._kept_back(host, ev)
             return self.warned(
                 "kernel", f"running kernel {running} ({line.describe()}) is not current for "
-                f"its release: {currency.why}", observed=running,
+                f"its release on {ev['judged_on']}: {currency.why}{kept}", observed=running,
                 expected="the release's current kernel series", evidence=ev,
-                fix="upgrade within the line and reboot")
+                fix=("release the hold, " if ev.get("kernel_held") else "")
+                + "upgrade within the line and reboot")
+        if minimum:
+            return self.passed(
+                "kernel", f"running kernel {running} is at or above {minimum}: {currency.why}",
+                observed=running, expected=f">= {minimum}", evidence=ev)
         return self.passed(
             "kernel", f"running kernel {running}: {line.describe()}, {currency.why}",
             observed=running, evidence=ev)
+
+    def _kept_back(self, host: Host, ev: dict[str, str]) -> str:
+        """Name what keeps an old kernel in place (a hold, upgrades that are off) in ``ev``."""
+        said: list[str] = []
+        held = kernel_holds(host)
+        if held:
+            ev["kernel_held"] = " ".join(held)[:512]
+            said.append(f"held back ({', '.join(held[:3])})")
+        policy = packages.upgrade_policy(host)
+        if not policy.tool:
+            ev["unattended_upgrades"] = "off"
+            said.append("no unattended upgrade tool is on")
+        else:
+            ev["unattended_upgrades"] = f"{policy.tool} ({policy.where})"
+            kept = [p for p in ("linux-image-", "linux-", "kernel", "kernel-core")
+                    if packages.kept_back(policy, p)]
+            if kept:
+                ev["unattended_keeps_back"] = " ".join(kept)
+                said.append(f"{policy.tool} keeps {kept[0]}* back")
+        return f"; {', '.join(said)}" if said else ""
 
     # -- the NVIDIA driver, now and at the next boot -------------------------------------------
 
@@ -460,6 +576,17 @@ class KernelVersion(Check[KernelOptions]):
             advice.append(Advice(f"the next boot would start {ev['next_boot']} (line "
                                  f"{ev.get('next_boot_line', '?')}): remove it or make the "
                                  f"running line's kernel the default"))
+            advice.extend(default_kernel_advice(running, context.os_release))
+        held = ev.get("kernel_held", "").split()
+        apt_held = [w for w in held if w.startswith(KERNEL_PACKAGES)]
+        if apt_held:
+            advice.append(Advice("release the hold that keeps the kernel back (apt-mark "
+                                 "hold)", ("apt-mark", "unhold", *apt_held)))
+        if any(w.endswith(f"({packages.VERSIONLOCK})") for w in held):
+            advice.append(Advice("release the dnf versionlock that keeps the kernel back",
+                                 ("dnf", "versionlock", "delete", "kernel*")))
+        if any(w.endswith(f"({packages.DNF_CONF})") for w in held):
+            advice.append(Advice(f"remove the kernel from exclude= in {packages.DNF_CONF}"))
         enough = bool(newer) and version_tuple(newer) >= version_tuple(minimum)
         command = upgrade_command(running, minimum, context.os_release, arch)
         if enough or (newer and finding.status is not Status.FAIL) or ev.get("next_boot"):
@@ -507,6 +634,26 @@ class KernelVersion(Check[KernelOptions]):
                       title=f"NVIDIA driver {ev.get('version', finding.observed)}: "
                             f"{finding.message[:100]}",
                       advice=tuple(advice), reboot=True)
+
+
+def default_kernel_advice(running: str, os_release: Mapping[str, str]) -> list[Advice]:
+    """Return the family's own way to make ``running`` the kernel the next boot starts."""
+    from auditor.remediations.steps import Advice
+    if not kernels.is_release(running):
+        return []
+    ids = {os_release.get("ID", ""), *os_release.get("ID_LIKE", "").split()}
+    if ids & RHEL_LIKE:
+        # grubby edits BLS entries and grubenv's saved_entry (RHEL 8 and later, Fedora).
+        return [Advice("make the running kernel the default (grubby)",
+                       ("grubby", "--set-default", f"/boot/vmlinuz-{running}"))]
+    if ids & {"suse", "sles", "opensuse", "opensuse-leap", "opensuse-tumbleweed"}:
+        # perl-Bootloader: after removing the other kernel, regenerate the boot menu.
+        return [Advice("after removing the other kernel, refresh SUSE's boot loader "
+                       "configuration", ("update-bootloader", "--refresh"))]
+    if ids & {"debian", "ubuntu"}:
+        return [Advice("after removing the other kernel, regenerate grub.cfg",
+                       ("update-grub",))]
+    return []
 
 
 def bootloader_family(os_release: Mapping[str, str]) -> str:

@@ -6,7 +6,21 @@ driver's module) and ``nvidia.driver`` (the module on disk against the loaded on
 A kernel's *line* is who maintains it and how it is versioned: Ubuntu's flavours
 (``6.8.0-45-generic``, ``6.8.0-1017-nvidia``, ``-nvidia-64k``, ``-aws``...), RHEL and its
 rebuilds (``5.14.0-570.23.1.el9_6.x86_64``, heavily backported: the upstream number says
-little), Debian (``6.1.0-28-amd64``), Proxmox (``6.14.8-2-pve``), and vanilla builds.
+little), SUSE (``6.4.0-150600.23.25-default``: ``150600`` is SLE 15 SP6; Tumbleweed's
+``6.12.8-1-default``), Debian (``6.1.0-28-amd64``), Fedora (``.fc41``), Arch
+(``6.12.8-arch1-1``, ``-lts``, ``-zen``, ``-hardened``), Amazon Linux, Azure Linux
+(``.cm2``, ``.azl3``), Oracle UEK, Proxmox (``6.14.8-2-pve``), upstream builds (a bare
+``6.14.2``, ``-rc3``, a ``+`` for a modified tree) and, for any other name, *unknown*: a
+name this module cannot place is never taken for an upstream build.
+
+A line's currency comes from dated tables (:data:`UBUNTU_RELEASES`, :data:`EL_MINORS`,
+:data:`SLE_SERVICE_PACKS`...), judged on a date: the audit's, or the capture's when a
+snapshot is replayed. Ubuntu rolls its generic, cloud and -nvidia kernels on an LTS release
+with each HWE point release; the GA series stays maintained for the release's life, and an
+earlier rolling step is superseded once the next one ships (Ubuntu's kernel lifecycle,
+https://ubuntu.com/kernel/lifecycle). A RHEL minor stream stops getting fixes when the next
+minor ships (Red Hat's EUS keeps even minors for 24 months, by subscription), an SLE service
+pack when its general support ends, six months after the next one.
 
 Which kernel boots next: GRUB's ``10_linux`` lists ``/boot/vmlinuz-*`` newest first
 (``version_sort -r``), so ``GRUB_DEFAULT=0`` picks the newest; ``saved`` picks what grubenv's
@@ -22,6 +36,7 @@ reads (a module missing there does not load, whatever file lies on disk), and DK
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
@@ -119,6 +134,7 @@ UBUNTU_FLAVOURS = (
     "azure", "gcp-fips", "gcp", "gke", "gkeop", "oracle-64k", "oracle", "ibm", "kvm",
     "oem", "raspi", "intel-iotg", "intel", "fips", "xilinx-zynqmp",
 )
+_UBUNTU_STEMS = frozenset(f.split("-")[0] for f in UBUNTU_FLAVOURS)
 #: Cloud flavours: kernels a cloud image ships, maintained per cloud.
 CLOUD_FLAVOURS = frozenset({"aws", "aws-64k", "aws-fips", "azure", "azure-fips", "azure-cvm",
                             "gcp", "gcp-fips", "gke", "gkeop", "oracle", "oracle-64k", "ibm",
@@ -131,45 +147,151 @@ _FEDORA = lazy_re(r"\.fc([0-9]{1,3})(?:\.|$)")
 _AMZN = lazy_re(r"\.amzn([0-9]{1,4})(?:\.|$)")
 _PVE = lazy_re(r"([0-9]{1,3})\.([0-9]{1,3})\.[0-9]{1,3}-[0-9]{1,4}-pve")
 
-#: Ubuntu LTS releases: the GA kernel series and the HWE series in the order they came.
-#: The last HWE series is the one the ``linux-generic-hwe-<release>`` metapackage follows;
-#: an earlier interim one is no longer maintained once the next one ships.
-UBUNTU_SERIES: Mapping[str, tuple[str, tuple[str, ...]]] = {
-    "18.04": ("4.15", ("5.4",)),
-    "20.04": ("5.4", ("5.15",)),
-    "22.04": ("5.15", ("5.17", "5.19", "6.2", "6.5", "6.8")),
-    "24.04": ("6.8", ("6.11", "6.14", "6.17")),
-    "26.04": ("7.0", ()),
+def _d(text: str) -> dt.date:
+    return dt.date.fromisoformat(text)
+
+
+class Step(NamedTuple):
+    """A kernel series a rolling line moved to, and when."""
+
+    series: str
+    since: dt.date
+
+
+class UbuntuRelease(NamedTuple):
+    """An Ubuntu release: its GA kernel series, its rolling (HWE) steps, its standard support."""
+
+    ga: str
+    released: dt.date
+    #: The end of standard support (after it, fixes come only with Ubuntu Pro's ESM).
+    support_end: dt.date
+    #: The HWE series in the order they came, with the point release that brought each.
+    hwe: tuple[Step, ...] = ()
+
+
+#: Ubuntu releases (https://ubuntu.com/about/release-cycle, the point releases' notes).
+#: The generic kernel, the cloud kernels and -nvidia roll to the same HWE series on an LTS.
+UBUNTU_RELEASES: Mapping[str, UbuntuRelease] = {
+    "18.04": UbuntuRelease("4.15", _d("2018-04-26"), _d("2023-05-31"), (
+        Step("4.18", _d("2018-08-02")), Step("5.0", _d("2019-02-14")),
+        Step("5.3", _d("2019-08-08")), Step("5.4", _d("2020-08-13")))),
+    "20.04": UbuntuRelease("5.4", _d("2020-04-23"), _d("2025-05-31"), (
+        Step("5.8", _d("2021-02-04")), Step("5.11", _d("2021-08-26")),
+        Step("5.13", _d("2022-02-24")), Step("5.15", _d("2022-09-01")))),
+    "22.04": UbuntuRelease("5.15", _d("2022-04-21"), _d("2027-04-30"), (
+        Step("5.17", _d("2022-04-21")), Step("5.19", _d("2023-02-23")),
+        Step("6.2", _d("2023-08-10")), Step("6.5", _d("2024-02-22")),
+        Step("6.8", _d("2024-09-12")))),
+    "24.04": UbuntuRelease("6.8", _d("2024-04-25"), _d("2029-04-30"), (
+        Step("6.11", _d("2025-02-20")), Step("6.14", _d("2025-08-07")),
+        Step("6.17", _d("2026-02-12")))),
+    "24.10": UbuntuRelease("6.11", _d("2024-10-10"), _d("2025-07-10")),
+    "25.04": UbuntuRelease("6.14", _d("2025-04-17"), _d("2026-01-15")),
+    "25.10": UbuntuRelease("6.17", _d("2025-10-09"), _d("2026-07-09")),
+    "26.04": UbuntuRelease("7.0", _d("2026-04-23"), _d("2031-04-30")),
 }
-#: Debian releases and their kernel series.
-DEBIAN_SERIES: Mapping[str, str] = {"bullseye": "5.10", "bookworm": "6.1", "trixie": "6.12"}
+#: Kept for callers of the earlier table: (GA series, HWE series in order).
+UBUNTU_SERIES: Mapping[str, tuple[str, tuple[str, ...]]] = {
+    version: (release.ga, tuple(step.series for step in release.hwe))
+    for version, release in UBUNTU_RELEASES.items()}
+#: Ubuntu flavours that roll with the HWE series on an LTS (a superseded step is behind);
+#: the others (fips, realtime, raspi, tegra, gke...) keep one series and are judged by line.
+ROLLING_FLAVOURS = frozenset({
+    "generic", "generic-64k", "lowlatency", "lowlatency-64k", "aws", "aws-64k", "azure",
+    "gcp", "oracle", "oracle-64k", "nvidia", "nvidia-64k", "nvidia-lowlatency",
+    "nvidia-lowlatency-64k", "oem"})
+#: Debian releases: kernel series, release date and end of (LTS) support.
+DEBIAN_RELEASES: Mapping[str, tuple[str, dt.date, dt.date]] = {
+    "buster": ("4.19", _d("2019-07-06"), _d("2024-06-30")),
+    "bullseye": ("5.10", _d("2021-08-14"), _d("2026-08-31")),
+    "bookworm": ("6.1", _d("2023-06-10"), _d("2028-06-30")),
+    "trixie": ("6.12", _d("2025-08-09"), _d("2030-06-30")),
+}
+DEBIAN_SERIES: Mapping[str, str] = {name: rel[0] for name, rel in DEBIAN_RELEASES.items()}
+#: RHEL minor releases (Red Hat's "RHEL release dates" article); a minor's kernel stream
+#: (``el9_4``) gets fixes until the next minor ships, or with EUS for 24 months.
+EL_MINORS: Mapping[str, tuple[tuple[int, dt.date], ...]] = {
+    "8": ((6, _d("2022-05-10")), (7, _d("2022-11-09")), (8, _d("2023-05-16")),
+          (9, _d("2023-11-14")), (10, _d("2024-05-22"))),
+    "9": ((0, _d("2022-05-17")), (1, _d("2022-11-15")), (2, _d("2023-05-10")),
+          (3, _d("2023-11-07")), (4, _d("2024-04-30")), (5, _d("2024-11-12")),
+          (6, _d("2025-05-20")), (7, _d("2025-11-12"))),
+    "10": ((0, _d("2025-05-20")), (1, _d("2025-11-12"))),
+}
+#: The end of a RHEL major's maintenance (after it: Extended Life Cycle Support only).
+EL_END: Mapping[str, dt.date] = {"7": _d("2024-06-30"), "8": _d("2029-05-31"),
+                                 "9": _d("2032-05-31"), "10": _d("2035-05-31")}
+#: RHEL minors with Extended Update Support (24 months from their release).
+EL_EUS: Mapping[str, frozenset[int]] = {"8": frozenset({6, 8}), "9": frozenset({0, 2, 4, 6}),
+                                        "10": frozenset({0})}
+#: SLE service packs: (major, SP) -> (release, end of general support; LTSS after it).
+SLE_SERVICE_PACKS: Mapping[tuple[int, int], tuple[dt.date, dt.date]] = {
+    (15, 3): (_d("2021-06-22"), _d("2022-12-31")),
+    (15, 4): (_d("2022-06-21"), _d("2023-12-31")),
+    (15, 5): (_d("2023-06-20"), _d("2024-12-31")),
+    (15, 6): (_d("2024-06-20"), _d("2025-12-31")),
+    (15, 7): (_d("2025-06-17"), _d("2031-07-31")),
+    (16, 0): (_d("2025-11-04"), _d("2026-11-30")),
+}
+#: Fedora releases: end of life (the kernel rolls to upstream stable until then).
+FEDORA_EOL: Mapping[int, dt.date] = {
+    38: _d("2024-05-21"), 39: _d("2024-11-26"), 40: _d("2025-05-13"), 41: _d("2025-12-15"),
+    42: _d("2026-05-13"), 43: _d("2026-12-09")}
+#: Upstream longterm series and their projected end of life (kernel.org/category/releases).
+LONGTERM_EOL: Mapping[str, dt.date] = {
+    "4.19": _d("2024-12-31"), "5.4": _d("2025-12-31"), "5.10": _d("2026-12-31"),
+    "5.15": _d("2026-12-31"), "6.1": _d("2027-12-31"), "6.6": _d("2026-12-31"),
+    "6.12": _d("2026-12-31")}
+#: Rolling lines judged by a number (the policy minimum) and by a dated end of life too.
+DATED_ROLLING_LINES = frozenset({"fedora"})
+#: The newest date the tables above know of: a judgement far past it says so.
+TABLES_DATE = _d("2026-02-12")
+
+_SUSE = lazy_re(r"([0-9]{1,3})\.([0-9]{1,3})\.[0-9]{1,3}-(1[0-9])([0-9]{2})00\.[0-9.]{1,32}"
+                r"-([a-z0-9]{2,16})")
+_SUSE_ROLLING = lazy_re(r"[0-9]{1,3}\.[0-9]{1,3}(?:\.[0-9]{1,3})?-[0-9]{1,4}(?:\.[0-9]{1,4})?"
+                        r"-(default|longterm|vanilla|rt|64kb|kvmsmall|azure)")
+_ARCH = lazy_re(r"[0-9]{1,3}\.[0-9]{1,3}(?:\.[0-9]{1,3})?-(arch|zen|hardened|lts)?"
+                r"[0-9]{0,3}-?[0-9]{1,3}(?:-(lts|zen|hardened|rt|rt-lts))?")
+_AZL = lazy_re(r"\.(cm2|azl[0-9])(?:\.|$)")
+_UPSTREAM = lazy_re(r"[0-9]{1,3}\.[0-9]{1,3}(?:\.[0-9]{1,3})?(?:-rc[0-9]{1,2})?\+?")
 
 
 class KernelLine(NamedTuple):
     """The line a kernel release belongs to."""
 
     #: ``ubuntu-generic``, ``ubuntu-nvidia``, ``ubuntu-nvidia-64k``, ``ubuntu-aws``, ``el9``,
-    #: ``el9-uek``, ``debian``, ``pve``, ``fedora``, ``amzn``, ``vanilla``.
+    #: ``el9-uek``, ``sles``, ``suse-tumbleweed``, ``debian``, ``pve``, ``fedora``, ``arch``,
+    #: ``arch-lts``, ``amzn``, ``azurelinux``, ``vanilla`` (an upstream build), ``unknown``.
     name: str
     #: The upstream series (``6.8``).
     series: str
-    #: The distribution's minor stream where it has one (``el9_6`` -> ``6``).
+    #: The distribution's minor stream where it has one (``el9_6`` -> ``6``; SLE ``15.6``;
+    #: ``fc41`` -> ``41``).
     stream: str = ""
     flavour: str = ""
 
     @property
     def vendor(self) -> bool:
         """Return whether a vendor maintains the line (judged by its release, not the number)."""
-        return self.name not in ("vanilla", "pve", "fedora")
+        return self.name not in ("vanilla", "unknown", "pve", "fedora", "arch",
+                                 "suse-tumbleweed")
 
     def describe(self) -> str:
         """Return the line in a few words."""
         words = {
             "pve": "Proxmox VE kernel", "vanilla": "upstream (vanilla) kernel",
             "debian": "Debian kernel", "fedora": "Fedora kernel", "amzn": "Amazon Linux kernel",
+            "unknown": "kernel of an unknown line", "arch": "Arch Linux kernel",
+            "arch-lts": "Arch Linux LTS kernel", "suse-tumbleweed": "openSUSE Tumbleweed kernel",
+            "azurelinux": "Azure Linux kernel",
         }
+        if self.name == "sles":
+            return f"SUSE kernel {self.series} (SLE {self.stream}, -{self.flavour})"
         if self.name in words:
             return f"{words[self.name]} {self.series}"
+        if self.name.startswith("arch-"):
+            return f"Arch Linux -{self.flavour} kernel {self.series}"
         if self.name.startswith("ubuntu-"):
             return f"Ubuntu -{self.flavour} kernel {self.series}"
         if self.name.startswith("el"):
@@ -179,30 +301,53 @@ class KernelLine(NamedTuple):
         return f"{self.name} kernel {self.series}"
 
 
+def _ids(os_release: Mapping[str, str]) -> set[str]:
+    return {os_release.get("ID", ""), *os_release.get("ID_LIKE", "").split()}
+
+
 def classify(release: str, os_release: Mapping[str, str]) -> KernelLine:
     """Return the line of a kernel release (the distribution's os-release helps tell apart)."""
     numbers = version_tuple(release)
     series = ".".join(str(n) for n in numbers[:2])
+    ids = _ids(os_release)
     if _PVE.fullmatch(release):
         return KernelLine("pve", series)
     el = _EL.search(release)
     if el:
         name = f"el{el.group(1)}" + ("-uek" if el.group(3) else "")
         return KernelLine(name, series, el.group(2) or "")
-    if _FEDORA.search(release):
-        return KernelLine("fedora", series)
+    fedora = _FEDORA.search(release)
+    if fedora:
+        return KernelLine("fedora", series, fedora.group(1))
     if _AMZN.search(release):
         return KernelLine("amzn", series)
-    ids = {os_release.get("ID", ""), *os_release.get("ID_LIKE", "").split()}
+    if _AZL.search(release):
+        return KernelLine("azurelinux", series)
+    suse = _SUSE.fullmatch(release)
+    if suse:
+        return KernelLine("sles", series, f"{int(suse.group(3))}.{int(suse.group(4))}",
+                          flavour=suse.group(5))
     ubuntu = _UBUNTU.fullmatch(release)
-    if ubuntu and (ubuntu.group(4) in UBUNTU_FLAVOURS or "ubuntu" in ids):
+    # A flavour Ubuntu ships, or on Ubuntu one of a family it ships (a new -azure-cvm...).
+    if ubuntu and (ubuntu.group(4) in UBUNTU_FLAVOURS or (
+            "ubuntu" in ids and ubuntu.group(4).split("-")[0] in _UBUNTU_STEMS)):
         flavour = ubuntu.group(4)
         return KernelLine(f"ubuntu-{flavour}", series, flavour=flavour)
     debian = _DEBIAN.fullmatch(release)
     if debian:
         return KernelLine("debian", series, "bpo" if "+bpo" in release else "",
                           flavour=debian.group(3))
-    return KernelLine("vanilla", series)
+    rolling = _SUSE_ROLLING.fullmatch(release)
+    if rolling and ids & {"suse", "opensuse", "opensuse-tumbleweed", "opensuse-slowroll"}:
+        return KernelLine("suse-tumbleweed", series, flavour=rolling.group(1))
+    arch = _ARCH.fullmatch(release)
+    if arch and (arch.group(1) in ("arch", "zen", "hardened") or
+                 ({"arch", "archarm", "endeavouros", "manjaro"} & ids)):
+        flavour = arch.group(2) or ("" if arch.group(1) in (None, "arch") else arch.group(1))
+        return KernelLine(f"arch-{flavour}" if flavour else "arch", series, flavour=flavour)
+    if _UPSTREAM.fullmatch(release):
+        return KernelLine("vanilla", series)
+    return KernelLine("unknown", series)
 
 
 class Currency(NamedTuple):
@@ -212,47 +357,126 @@ class Currency(NamedTuple):
     why: str
 
 
-def currency(line: KernelLine, os_release: Mapping[str, str]) -> Currency:
-    """Judge a vendor kernel by its release: a series the release still ships, its stream."""
-    version_id = os_release.get("VERSION_ID", "")
-    if line.name == "ubuntu-generic" or line.name == "ubuntu-generic-64k":
-        known = UBUNTU_SERIES.get(version_id)
-        if known is None:
-            return Currency(True, f"Ubuntu {version_id or '?'}: its kernel series are not "
-                            "tabled here, judged current")
-        ga, hwe = known
-        if line.series == ga:
-            return Currency(True, f"the GA kernel series of Ubuntu {version_id}")
-        if hwe and line.series == hwe[-1]:
-            return Currency(True, f"the current HWE kernel series of Ubuntu {version_id}")
-        if line.series in hwe:
-            return Currency(False, f"{line.series} is a superseded HWE series of Ubuntu "
-                            f"{version_id} (the HWE kernel is {hwe[-1]} now)")
-        if version_tuple(line.series) > version_tuple(hwe[-1] if hwe else ga):
-            return Currency(True, f"newer than the series tabled for Ubuntu {version_id}")
-        return Currency(False, f"{line.series} is not a kernel series of Ubuntu {version_id} "
-                        f"(GA {ga}, HWE {', '.join(hwe) or 'none'})")
-    if line.name.startswith("ubuntu-"):
+def _ubuntu(line: KernelLine, version_id: str, on: dt.date) -> Currency:
+    known = UBUNTU_RELEASES.get(version_id)
+    if known is None:
+        return Currency(True, f"Ubuntu {version_id or '?'}: its kernel series are not "
+                        "tabled here, judged current")
+    if on > known.support_end:
+        return Currency(False, f"Ubuntu {version_id} left standard support on "
+                        f"{known.support_end}: its kernels get fixes only with Ubuntu Pro "
+                        "(ESM)")
+    if line.flavour not in ROLLING_FLAVOURS:
         return Currency(True, f"a kernel line Canonical maintains ({line.flavour}), judged by "
                         "its line rather than its upstream number")
-    if line.name.startswith("el") and not line.name.endswith("-uek"):
-        major, _, minor = version_id.partition(".")
-        if major and line.name[2:] != major:
-            return Currency(False, f"an {line.name} kernel on a release {version_id} system")
-        if line.stream and minor.isdigit() and int(line.stream) < int(minor):
-            return Currency(False, f"a {line.name}_{line.stream} kernel on a {version_id} "
-                            "system: the kernel stream is older than the release")
+    steps = [s for s in known.hwe if s.since <= on]
+    what = "GA" if line.flavour in ("generic", "generic-64k") else f"-{line.flavour} GA"
+    if line.series == known.ga:
+        return Currency(True, f"the {what} kernel series of Ubuntu {version_id}")
+    if steps and line.series == steps[-1].series:
+        return Currency(True, f"the current HWE kernel series of Ubuntu {version_id} (since "
+                        f"{steps[-1].since})")
+    later = [s for s in known.hwe if s.since <= on and
+             version_tuple(s.series) > version_tuple(line.series)]
+    if any(s.series == line.series for s in steps) and later:
+        return Currency(False, f"{line.series} is a superseded HWE series of Ubuntu "
+                        f"{version_id}: the -{line.flavour} kernel rolled to "
+                        f"{steps[-1].series} on {steps[-1].since}")
+    newest = steps[-1].series if steps else known.ga
+    if version_tuple(line.series) > version_tuple(newest):
+        return Currency(True, f"newer than the series tabled for Ubuntu {version_id}")
+    return Currency(False, f"{line.series} is not a kernel series of Ubuntu {version_id} "
+                    f"(GA {known.ga}, HWE {', '.join(s.series for s in steps) or 'none'})")
+
+
+def _el(line: KernelLine, os_release: Mapping[str, str], on: dt.date) -> Currency:
+    version_id = os_release.get("VERSION_ID", "")
+    major, _, minor = version_id.partition(".")
+    mine = line.name[2:].removesuffix("-uek")
+    if major and mine != major:
+        return Currency(False, f"an {line.name} kernel on a release {version_id} system")
+    if mine in EL_END and on > EL_END[mine]:
+        return Currency(False, f"release {mine} left maintenance on {EL_END[mine]} (Extended "
+                        "Life Cycle Support only)")
+    if line.name.endswith("-uek"):
+        return Currency(True, f"Oracle's UEK for release {mine}, maintained by its vendor")
+    if line.stream and minor.isdigit() and int(line.stream) < int(minor):
+        return Currency(False, f"a {line.name}_{line.stream} kernel on a {version_id} "
+                        "system: the kernel stream is older than the release")
+    if not line.stream:
+        return Currency(True, f"the {line.name} kernel stream of release "
+                        f"{version_id or '?'}")
+    stream = int(line.stream)
+    shipped = [(n, when) for n, when in EL_MINORS.get(mine, ()) if when <= on]
+    newer = [(n, when) for n, when in shipped if n > stream]
+    if not newer:
         return Currency(True, f"the {line.name} kernel stream of release {version_id or '?'}")
+    nxt = newer[0]
+    since = dict(EL_MINORS.get(mine, ())).get(stream)
+    if os_release.get("ID") == "rhel" and stream in EL_EUS.get(mine, frozenset()) and \
+            since is not None and on <= since.replace(year=since.year + 2):
+        return Currency(True, f"the {mine}.{stream} stream, maintained after {mine}.{nxt[0]} "
+                        f"shipped ({nxt[1]}) only under an Extended Update Support "
+                        f"subscription, until {since.replace(year=since.year + 2)}")
+    return Currency(False, f"the {mine}.{stream} kernel stream stopped getting fixes when "
+                    f"{mine}.{nxt[0]} shipped on {nxt[1]} (the current minor is "
+                    f"{mine}.{shipped[-1][0]})")
+
+
+def _sles(line: KernelLine, os_release: Mapping[str, str], on: dt.date) -> Currency:
+    version_id = os_release.get("VERSION_ID", "")
+    if version_id and version_tuple(line.stream) < version_tuple(version_id):
+        return Currency(False, f"an SLE {line.stream} kernel on a {version_id} system: the "
+                        "kernel stream is older than the release")
+    major, _, sp = line.stream.partition(".")
+    dates = SLE_SERVICE_PACKS.get((int(major), int(sp or 0)))
+    if dates is None:
+        return Currency(True, f"SLE {line.stream}: its service pack is not tabled here, "
+                        "judged current")
+    if on > dates[1]:
+        return Currency(False, f"SLE {major} SP{sp} left general support on {dates[1]} "
+                        "(fixes only under LTSS)")
+    return Currency(True, f"the kernel stream of SLE {major} SP{sp} (general support until "
+                    f"{dates[1]})")
+
+
+def currency(line: KernelLine, os_release: Mapping[str, str],
+             on: dt.date | None = None) -> Currency:
+    """Judge a vendor kernel by its release's lifecycle on date ``on`` (default: today, UTC)."""
+    on = on or dt.datetime.now(dt.timezone.utc).date()
+    version_id = os_release.get("VERSION_ID", "")
+    if line.name.startswith("ubuntu-"):
+        return _ubuntu(line, version_id, on)
+    if line.name.startswith("el"):
+        return _el(line, os_release, on)
+    if line.name == "sles":
+        return _sles(line, os_release, on)
+    if line.name == "fedora" and line.stream.isdigit():
+        eol = FEDORA_EOL.get(int(line.stream))
+        if eol is not None and on > eol:
+            return Currency(False, f"Fedora {line.stream} reached its end of life on {eol}")
+        return Currency(True, f"a kernel of Fedora {line.stream}, which rolls with upstream")
+    if line.name == "arch-lts":
+        eol = LONGTERM_EOL.get(line.series)
+        if eol is None:
+            return Currency(False, f"{line.series} is not a maintained upstream longterm "
+                            "series")
+        if on > eol:
+            return Currency(False, f"upstream longterm {line.series} reached its end of life "
+                            f"on {eol}")
+        return Currency(True, f"upstream longterm {line.series}, maintained until {eol}")
     if line.name == "debian":
         if line.stream == "bpo":
             return Currency(True, "a Debian backports kernel")
         codename = os_release.get("VERSION_CODENAME", "")
-        expected = DEBIAN_SERIES.get(codename)
-        if expected is None or line.series == expected:
+        known = DEBIAN_RELEASES.get(codename)
+        if known is None or line.series == known[0]:
+            if known is not None and on > known[2]:
+                return Currency(False, f"Debian {codename} left (LTS) support on {known[2]}")
             return Currency(True, f"the kernel series of Debian {codename or version_id or '?'}")
-        if version_tuple(line.series) > version_tuple(expected):
-            return Currency(True, f"newer than Debian {codename}'s {expected}")
-        return Currency(False, f"{line.series} is older than Debian {codename}'s {expected}")
+        if version_tuple(line.series) > version_tuple(known[0]):
+            return Currency(True, f"newer than Debian {codename}'s {known[0]}")
+        return Currency(False, f"{line.series} is older than Debian {codename}'s {known[0]}")
     return Currency(True, f"a {line.describe()}, maintained by its vendor")
 
 

@@ -78,39 +78,83 @@ def test_old_vanilla_kernel_fails(h200: Sysroot) -> None:
 UBUNTU_2404 = 'NAME="Ubuntu"\nVERSION_ID="24.04"\nID=ubuntu\nID_LIKE=debian\n'
 
 
+ROCKY_96 = 'ID="rocky"\nID_LIKE="rhel centos fedora"\nVERSION_ID="9.6"\n'
+RHEL_94 = 'ID="rhel"\nID_LIKE="fedora"\nVERSION_ID="9.4"\n'
+SLES_156 = 'NAME="SLES"\nVERSION_ID="15.6"\nID="sles"\nID_LIKE="suse"\n'
+BOOKWORM = 'ID=debian\nVERSION_ID="12"\nVERSION_CODENAME=bookworm\n'
+ARCH = "ID=arch\nBUILD_ID=rolling\n"
+
+
 @pytest.mark.parametrize(
-    ("release", "os_release", "status", "words"),
+    ("release", "os_release", "as_of", "status", "words"),
     [
         # Ubuntu's GA kernel of its release is current whatever its upstream number.
-        ("6.8.0-45-generic", UBUNTU_2404, Status.PASS, "GA kernel series of Ubuntu 24.04"),
-        ("6.17.0-8-generic", UBUNTU_2404, Status.PASS, "current HWE"),
-        ("6.11.0-29-generic", UBUNTU_2404, Status.WARN, "superseded HWE series"),
-        # Vendor lines: -nvidia, -nvidia-64k and cloud kernels are Canonical's to keep current.
-        ("6.8.0-1017-nvidia", UBUNTU_2404, Status.PASS, "Canonical maintains (nvidia)"),
-        ("6.8.0-1017-nvidia-64k", UBUNTU_2404, Status.PASS, "(nvidia-64k)"),
-        ("6.8.0-1021-aws", UBUNTU_2404, Status.PASS, "(aws)"),
-        # RHEL's streams follow the release's minor version.
-        ("5.14.0-570.23.1.el9_6.x86_64", 'ID="rocky"\nID_LIKE="rhel"\nVERSION_ID="9.6"\n',
-         Status.PASS, "el9 kernel stream of release 9.6"),
-        ("5.14.0-427.13.1.el9_4.x86_64", 'ID="rocky"\nID_LIKE="rhel"\nVERSION_ID="9.6"\n',
-         Status.WARN, "older than the release"),
+        ("6.8.0-45-generic", UBUNTU_2404, "2026-03-01", Status.PASS,
+         "GA kernel series of Ubuntu 24.04"),
+        ("6.17.0-8-generic", UBUNTU_2404, "2026-03-01", Status.PASS, "current HWE"),
+        ("6.11.0-29-generic", UBUNTU_2404, "2026-03-01", Status.WARN, "superseded HWE series"),
+        # ... judged on its date: 6.11 was the HWE series before 24.04.3 brought 6.14.
+        ("6.11.0-29-generic", UBUNTU_2404, "2025-06-01", Status.PASS, "current HWE"),
+        # Vendor lines: -nvidia, -nvidia-64k and cloud kernels have their GA series, and
+        # roll with the HWE steps: a superseded step is behind whatever its name.
+        ("6.8.0-1017-nvidia", UBUNTU_2404, "2026-03-01", Status.PASS,
+         "-nvidia GA kernel series"),
+        ("6.8.0-1017-nvidia-64k", UBUNTU_2404, "2026-03-01", Status.PASS, "-nvidia-64k GA"),
+        ("6.8.0-1021-aws", UBUNTU_2404, "2026-03-01", Status.PASS, "-aws GA"),
+        ("6.5.0-1025-azure", 'ID=ubuntu\nVERSION_ID="22.04"\n', "2025-01-10", Status.WARN,
+         "the -azure kernel rolled to 6.8 on 2024-09-12"),
+        ("6.14.0-1012-aws", UBUNTU_2404, "2026-03-01", Status.WARN, "superseded HWE"),
+        ("6.14.0-1012-aws", UBUNTU_2404, "2025-12-01", Status.PASS, "current HWE"),
+        ("6.8.0-1017-fips", UBUNTU_2404, "2026-03-01", Status.PASS, "Canonical maintains"),
+        # A release out of standard support: fixes only with ESM.
+        ("5.15.0-140-generic", 'ID=ubuntu\nVERSION_ID="20.04"\n', "2025-08-01", Status.WARN,
+         "left standard support on 2025-05-31"),
+        # RHEL's streams follow the release's minor version, and end when the next ships.
+        ("5.14.0-570.23.1.el9_6.x86_64", ROCKY_96, "2025-09-01", Status.PASS,
+         "el9 kernel stream of release 9.6"),
+        ("5.14.0-570.23.1.el9_6.x86_64", ROCKY_96, "2025-12-01", Status.WARN,
+         "stopped getting fixes when 9.7 shipped on 2025-11-12"),
+        ("5.14.0-427.13.1.el9_4.x86_64", ROCKY_96, "2025-09-01", Status.WARN,
+         "older than the release"),
+        ("5.14.0-427.13.1.el9_4.x86_64", RHEL_94, "2025-09-01", Status.PASS,
+         "Extended Update Support"),
+        ("5.14.0-592.el9.x86_64", 'ID="centos"\nVERSION_ID="9"\n', "2025-09-01", Status.PASS,
+         "el9 kernel stream"),
+        ("5.15.0-300.163.18.el9uek.x86_64", 'ID="ol"\nVERSION_ID="9.5"\n', "2025-09-01",
+         Status.PASS, "UEK"),
+        # SUSE: 150600 is SLE 15 SP6, current until its general support ends.
+        ("6.4.0-150600.23.25-default", SLES_156, "2025-09-01", Status.PASS,
+         "SLE 15 SP6 (general support until 2025-12-31)"),
+        ("6.4.0-150600.23.25-default", SLES_156, "2026-03-01", Status.WARN,
+         "SLE 15 SP6 left general support on 2025-12-31"),
+        ("5.14.21-150500.55.83-default", SLES_156, "2025-09-01", Status.WARN,
+         "SLE 15.5 kernel on a 15.6 system"),
         # Debian's stable kernel of its release, and backports.
-        ("6.1.0-28-amd64", 'ID=debian\nVERSION_ID="12"\nVERSION_CODENAME=bookworm\n',
-         Status.PASS, "kernel series of Debian bookworm"),
-        ("6.12.12+bpo-amd64", 'ID=debian\nVERSION_ID="12"\nVERSION_CODENAME=bookworm\n',
-         Status.PASS, "backports"),
-        # The minimum applies to the Proxmox line and vanilla kernels.
-        ("6.8.12-4-pve", 'ID=debian\nVERSION_CODENAME=bookworm\n', Status.FAIL,
+        ("6.1.0-28-amd64", BOOKWORM, "2025-09-01", Status.PASS,
+         "kernel series of Debian bookworm"),
+        ("6.12.12+bpo-amd64", BOOKWORM, "2025-09-01", Status.PASS, "backports"),
+        # Fedora rolls with upstream until its release's end of life.
+        ("6.14.5-100.fc40.x86_64", 'ID=fedora\nVERSION_ID=40\n', "2025-09-01", Status.WARN,
+         "Fedora 40 reached its end of life on 2025-05-13"),
+        # Arch's LTS kernel follows an upstream longterm series.
+        ("6.12.41-1-lts", ARCH, "2025-09-01", Status.PASS, "upstream longterm 6.12"),
+        # The minimum applies to the Proxmox line, Arch, upstream builds and unknown lines.
+        ("6.8.12-4-pve", 'ID=debian\nVERSION_CODENAME=bookworm\n', "2025-09-01", Status.FAIL,
          "Proxmox VE kernel 6.8"),
+        ("6.12.8-arch1-1", ARCH, "2025-09-01", Status.FAIL, "Arch Linux kernel 6.12"),
+        ("6.12.9-custom-gpu", UBUNTU_2404, "2025-09-01", Status.FAIL,
+         "kernel of an unknown line 6.12"),
     ],
 )
 def test_kernels_are_judged_by_their_line(h200: Sysroot, release: str, os_release: str,
-                                          status: Status, words: str) -> None:
+                                          as_of: str, status: Status, words: str) -> None:
     h200.write("/proc/sys/kernel/osrelease", release + "\n")
     h200.write("/etc/os-release", os_release)
-    kernel = run(h200)["kernel"]
+    kernel = run(h200, as_of=as_of)["kernel"]
     assert kernel.status is status, kernel.message
-    assert words in kernel.message
+    assert words in kernel.message, kernel.message
+    if status is not Status.FAIL:
+        assert dict(kernel.evidence)["judged_on"] == as_of
 
 
 def test_a_policy_sets_a_minimum_per_line(h200: Sysroot) -> None:
@@ -365,3 +409,68 @@ def test_every_path_read_is_declared_in_reads(h200: Sysroot) -> None:
     host = RecordingHost(str(h200.root))
     list(KernelVersion().evaluate(host))
     assert undeclared(host.asked, KernelVersion.reads) == []
+
+
+# -- lifecycle dates and what keeps a kernel back -------------------------------------------
+
+
+def test_a_replayed_capture_is_judged_on_its_own_date(tmp_path: Path) -> None:
+    import datetime as dt
+
+    from auditor.manifest import PATH, make_manifest
+    from tests.support.hostgen.nvidia import DriverSpec, build_driver_host
+
+    root = build_driver_host(DriverSpec(running="6.11.0-29-generic")).write_dir(tmp_path / "t")
+    today = run(Sysroot(root))["kernel"]
+    assert today.status is Status.WARN and "superseded HWE series" in today.message
+    assert dict(today.evidence)["judged_on_source"].startswith("today (the capture carries no")
+    manifest = make_manifest([KernelVersion], KernelVersion.reads, (),
+                             created=dt.datetime(2025, 6, 1, 12, tzinfo=dt.timezone.utc))
+    (root / PATH.lstrip("/")).parent.mkdir()
+    (root / PATH.lstrip("/")).write_bytes(manifest.to_json())
+    then = run(Sysroot(root))["kernel"]
+    assert then.status is Status.PASS, then.message
+    ev = dict(then.evidence)
+    assert ev["judged_on"] == "2025-06-01"
+    assert ev["judged_on_source"] == "the capture's date (host-auditor/manifest.json)"
+    # A policy date wins over the capture's.
+    assert dict(run(Sysroot(root), as_of="2026-03-01")["kernel"].evidence)[
+        "judged_on_source"] == "the policy's as_of"
+    with pytest.raises(PolicyError, match="as_of must be a date"):
+        KernelVersion.configured(as_of="yesterday")
+
+
+def test_a_held_kernel_and_upgrades_off_are_named(tmp_path: Path) -> None:
+    from tests.support.hostgen.nvidia import DriverSpec, build_driver_host
+
+    spec = DriverSpec(version_id="22.04", running="6.5.0-1025-azure", kernel_held=True)
+    root = Sysroot(build_driver_host(spec).write_dir(tmp_path / "t"))
+    kernel = run(root, as_of="2025-01-10")["kernel"]
+    assert kernel.status is Status.WARN
+    assert "held back (linux-azure, linux-image-6.5.0-1025-azure)" in kernel.message
+    assert "no unattended upgrade tool is on" in kernel.message
+    ev = dict(kernel.evidence)
+    assert ev["kernel_held"] == "linux-azure linux-image-6.5.0-1025-azure"
+    assert ev["unattended_upgrades"] == "off"
+    assert kernel.fix.startswith("release the hold")
+    # Without the hold, only the upgrade policy is said.
+    spec.kernel_held = False
+    spec.unattended = True
+    root = Sysroot(build_driver_host(spec).write_dir(tmp_path / "u"))
+    kernel = run(root, as_of="2025-01-10")["kernel"]
+    assert "held back" not in kernel.message and "kernel_held" not in dict(kernel.evidence)
+    assert dict(kernel.evidence)["unattended_upgrades"].startswith("unattended-upgrades (")
+
+
+def test_a_dnf_versionlock_on_the_kernel_is_named(tmp_path: Path) -> None:
+    from tests.support.hostgen.serving import rhel_metal
+
+    root = Sysroot(rhel_metal().write_dir(tmp_path / "t"))
+    root.write("/etc/dnf/plugins/versionlock.list",
+               "# Added lock on Mon Jun  2 2025\nkernel-0:5.14.0-570.23.1.el9_6.*\n"
+               "kernel-core-0:5.14.0-570.23.1.el9_6.*\nnvidia-driver-3:580.95.05-1.el9.*\n")
+    kernel = run(root, as_of="2025-12-01")["kernel"]
+    assert kernel.status is Status.WARN and "9.7 shipped on 2025-11-12" in kernel.message
+    held = dict(kernel.evidence)["kernel_held"]
+    assert "kernel-0:5.14.0-570.23.1.el9_6.* (/etc/dnf/plugins/versionlock.list)" in held
+    assert "kernel-core-0:" in held and "nvidia" not in held

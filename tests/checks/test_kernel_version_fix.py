@@ -53,3 +53,34 @@ def test_pending_reboot_into_a_new_enough_kernel_is_advised_alone(h200: Sysroot)
     [section] = plan_for(h200, report_of([pending])).sections
     assert [a.argv for a in section.remedy.advice] == [()]
     assert "reboot into it" in section.remedy.advice[0].text
+
+
+def test_family_tools_in_the_advice() -> None:
+    from auditor.checks.kernel_version import default_kernel_advice, upgrade_command
+
+    rocky = {"ID": "rocky", "ID_LIKE": "rhel centos fedora"}
+    sles = {"ID": "sles", "ID_LIKE": "suse", "VERSION_ID": "15.6"}
+    assert [a.argv for a in default_kernel_advice("5.14.0-570.23.1.el9_6.x86_64", rocky)] == [
+        ("grubby", "--set-default", "/boot/vmlinuz-5.14.0-570.23.1.el9_6.x86_64")]
+    assert [a.argv for a in default_kernel_advice("6.4.0-150600.23.25-default", sles)] == [
+        ("update-bootloader", "--refresh")]
+    assert default_kernel_advice("6.1$(reboot)", rocky) == []
+    assert upgrade_command("6.4.0-150600.23.25-default", "6.14", sles) == (
+        "zypper", "--non-interactive", "install", "kernel-default")
+    assert upgrade_command("6.12.8-arch1-1", "6.14", {"ID": "arch"}) == ("pacman", "-Syu")
+    assert upgrade_command("6.12.9-custom-gpu", "6.14", {"ID": "ubuntu"}) == ()
+
+
+def test_a_held_kernel_is_released_in_the_advice(tmp_path: Path) -> None:
+    from tests.support.hostgen.nvidia import DriverSpec, build_driver_host
+
+    spec = DriverSpec(version_id="22.04", running="6.5.0-1025-azure", kernel_held=True)
+    root = Sysroot(build_driver_host(spec).write_dir(tmp_path / "t"))
+    from auditor.checks.kernel_version import KernelVersion
+    from auditor.hosts import DirectoryHost
+
+    findings = [f for f in KernelVersion.configured(as_of="2025-01-10").evaluate(
+        DirectoryHost(str(root.root))) if f.subject == "kernel"]
+    [section] = plan_for(root, report_of(findings)).sections
+    argvs = [a.argv for a in section.remedy.advice]
+    assert ("apt-mark", "unhold", "linux-azure", "linux-image-6.5.0-1025-azure") in argvs

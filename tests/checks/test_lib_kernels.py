@@ -23,10 +23,50 @@ UBUNTU = {"ID": "ubuntu", "ID_LIKE": "debian", "VERSION_ID": "24.04"}
     ("6.11.4-301.fc41.x86_64", {}, "fedora", "6.11"),
     ("6.1.102-111.182.amzn2023.x86_64", {}, "amzn", "6.1"),
     ("6.18.44", {}, "vanilla", "6.18"),
+    ("6.15.0-rc3+", {}, "vanilla", "6.15"),
+    # Every family's kernels, and a name none of them gives: unknown, never vanilla.
+    ("6.4.0-150600.23.25-default", {"ID": "sles"}, "sles", "6.4"),
+    ("5.14.21-150500.55.83-azure", {}, "sles", "5.14"),
+    ("6.12.0-160000.5-default", {"ID": "sles"}, "sles", "6.12"),
+    ("6.12.8-1-default", {"ID": "opensuse-tumbleweed", "ID_LIKE": "opensuse suse"},
+     "suse-tumbleweed", "6.12"),
+    ("6.12.8-arch1-1", {}, "arch", "6.12"),
+    ("6.12.41-1-lts", {"ID": "arch"}, "arch-lts", "6.12"),
+    ("6.12.8-zen1-1-zen", {}, "arch-zen", "6.12"),
+    ("5.15.158.2-1.cm2", {}, "azurelinux", "5.15"),
+    ("6.6.57.1-7.azl3", {}, "azurelinux", "6.6"),
+    ("5.14.0-592.el9.x86_64", {"ID": "centos"}, "el9", "5.14"),
+    ("6.12.0-55.9.1.el10_0.x86_64", {"ID": "almalinux"}, "el10", "6.12"),
+    ("6.12.9-custom-gpu", UBUNTU, "unknown", "6.12"),
+    ("6.12.1-1-default", {"ID": "ubuntu"}, "unknown", "6.12"),
+    ("6.6.30-gentoo", {"ID": "gentoo"}, "unknown", "6.6"),
 ])
 def test_lines(release: str, os_release: dict[str, str], line: str, series: str) -> None:
     found = kernels.classify(release, os_release)
     assert (found.name, found.series) == (line, series)
+
+
+def test_sle_stream_is_the_service_pack() -> None:
+    line = kernels.classify("6.4.0-150600.23.25-default", {})
+    assert (line.stream, line.flavour) == ("15.6", "default")
+    assert line.describe() == "SUSE kernel 6.4 (SLE 15.6, -default)"
+    assert kernels.classify("6.12.9-custom-gpu", {}).describe() == (
+        "kernel of an unknown line 6.12")
+
+
+def test_the_tables_are_ordered_and_dated() -> None:
+    """Each rolling step comes after its release and the one before it."""
+    from auditor.parsing import version_tuple
+
+    for release in kernels.UBUNTU_RELEASES.values():
+        dates = [release.released, *(s.since for s in release.hwe)]
+        assert dates == sorted(dates) and release.support_end > release.released
+        assert [version_tuple(s.series) for s in release.hwe] == sorted(
+            version_tuple(s.series) for s in release.hwe)
+    for minors in kernels.EL_MINORS.values():
+        assert list(minors) == sorted(minors)
+    for start, end in kernels.SLE_SERVICE_PACKS.values():
+        assert start < end
 
 
 def test_next_boot_is_the_newest_unless_pinned_or_saved(h200: Sysroot) -> None:

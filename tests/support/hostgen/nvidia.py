@@ -96,6 +96,9 @@ class DriverSpec:
     cdi_refresh: bool = True
     unattended: bool = False
     held: bool = False
+    #: The running kernel's packages (linux-image-<release>, its flavour's metapackage) are
+    #: installed and held with ``apt-mark hold`` (Debian family only).
+    kernel_held: bool = False
     reboot_required: tuple[str, ...] = ()
     operator: bool = False
     nouveau: bool = False
@@ -317,6 +320,12 @@ def _packages(spec: DriverSpec, kernels: list[str]) -> str:
                         f"{want} ok installed"))
     if spec.unattended:
         stanzas.append(("unattended-upgrades", "2.9.1+nmu4ubuntu1", "install ok installed"))
+    if spec.kernel_held and spec.distro in ("ubuntu", "debian"):
+        flavour = spec.running.split("-", 2)[-1]
+        stanzas += [(f"linux-image-{spec.running}", spec.running.rsplit("-", 1)[0] + ".1",
+                     "hold ok installed"),
+                    (f"linux-{flavour}", spec.running.rsplit("-", 1)[0] + ".1",
+                     "hold ok installed")]
     return "".join(f"Package: {n}\nStatus: {s}\nPriority: optional\nVersion: {v}\n"
                    f"Description: {n}\n continued description line\n\n" for n, v, s in stanzas)
 
