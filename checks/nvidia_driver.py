@@ -55,6 +55,18 @@ def nvidia_package(name: str) -> bool:
     return name.startswith(NVIDIA_PACKAGES)
 
 
+
+def keep_back_how(tool: str) -> str:
+    """Return how NVIDIA packages are kept out of ``tool``'s upgrades, naming the mechanism."""
+    if tool == "unattended-upgrades":
+        return (f"keep NVIDIA packages out of unattended upgrades: "
+                f"Unattended-Upgrade::Package-Blacklist in {APT_KEEP}, or apt-mark hold")
+    if tool == "dnf-automatic":
+        return ("keep NVIDIA packages out of dnf-automatic: dnf versionlock add (the "
+                "versionlock plugin), or exclude= in /etc/dnf/dnf.conf")
+    return ("keep NVIDIA packages out of unattended upgrades (apt: "
+            "Unattended-Upgrade::Package-Blacklist or apt-mark hold; dnf: dnf versionlock)")
+
 class NvidiaDriver(Check[CheckOptions]):
     """The loaded NVIDIA module must match the installed userspace driver, and stay matched."""
 
@@ -223,8 +235,8 @@ class NvidiaDriver(Check[CheckOptions]):
                    else "no unattended upgrade tool is on")
             return self.passed("upgrades", why, evidence=ev)
         return self.warned("upgrades", "; ".join(parts), evidence=ev,
-                           fix="keep NVIDIA packages out of unattended upgrades; upgrade them "
-                               "with a planned reboot")
+                           fix=f"{keep_back_how(policy.tool)}; upgrade them with a planned "
+                               "reboot")
 
     # -- nouveau ------------------------------------------------------------------------------
 
@@ -309,6 +321,6 @@ class NvidiaDriver(Check[CheckOptions]):
             advice.append(Advice("reboot: NVIDIA packages were upgraded and wait for it"))
             notes.append(f"reboot-required.pkgs: {ev['reboot_required']}")
         return Remedy(check=self.id, subject="upgrades",
-                      title="keep NVIDIA packages out of unattended upgrades",
+                      title=keep_back_how(ev.get("tool", "")),
                       persistent=tuple(steps), advice=tuple(advice), notes=tuple(notes),
                       reboot=bool(ev.get("reboot_required")))

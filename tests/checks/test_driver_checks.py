@@ -124,6 +124,30 @@ def test_unattended_upgrades_are_kept_off_the_driver(tmp_path: Path) -> None:
     assert judge(NvidiaDriver, copy)["upgrades"].status is Status.PASS
 
 
+def test_keeping_nvidia_packages_back_names_the_mechanism(tmp_path: Path) -> None:
+    """The finding's fix and the remedy's title say how: the apt blacklist or a hold on
+    Debian-family hosts, dnf versionlock on RHEL-family ones."""
+    root = node(tmp_path, DriverSpec(unattended=True))
+    found = judge(NvidiaDriver, root)["upgrades"]
+    assert found.status is Status.WARN
+    assert f"Unattended-Upgrade::Package-Blacklist in {APT_KEEP}, or apt-mark hold" in found.fix
+    [section] = [s for s in plan(NvidiaDriver, root).sections if s.remedy.subject == "upgrades"]
+    assert "Unattended-Upgrade::Package-Blacklist" in section.remedy.title
+    rhel = node(tmp_path, DriverSpec(distro="rhel", version_id="9.6",
+                                     running="5.14.0-570.23.1.el9_6.x86_64", boot="bls"), "rhel")
+    (rhel / "etc/dnf").mkdir(parents=True, exist_ok=True)
+    (rhel / "etc/dnf/automatic.conf").write_text("[commands]\napply_updates = yes\n")
+    timers = rhel / "etc/systemd/system/timers.target.wants"
+    timers.mkdir(parents=True, exist_ok=True)
+    (timers / "dnf-automatic-install.timer").write_text("[Timer]\n")
+    found = judge(NvidiaDriver, rhel)["upgrades"]
+    assert found.status is Status.WARN and "dnf versionlock add" in found.fix
+    [section] = [s for s in plan(NvidiaDriver, rhel).sections if s.remedy.subject == "upgrades"]
+    assert "dnf versionlock" in section.remedy.title
+    assert ("dnf", "versionlock", "add", "nvidia-*", "kmod-nvidia*", "cuda-drivers*") in [
+        a.argv for a in section.remedy.advice]
+
+
 # -- nvidia.persistence -----------------------------------------------------------------------
 
 
