@@ -13,6 +13,7 @@ see no local NVSwitch (the switches sit in their own trays): they are skipped.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, ClassVar
 
@@ -38,12 +39,32 @@ _DEB_VERSION = lazy_re(r"(?:[0-9]+:)?([0-9]{1,4}\.[0-9]{1,4}(?:\.[0-9]{1,4})?)")
 
 def package_version(host: Host) -> tuple[str, str] | None:
     """Return (package, driver-style version) of the installed fabric manager package."""
+    found = installed_package(host)
+    return (found[0].name, found[1]) if found else None
+
+
+def installed_package(host: Host) -> tuple[packages.Package, str] | None:
+    """Return the installed fabric manager package and its driver-style version."""
     for package in packages.dpkg_packages(host).installed("nvidia-fabricmanager"):
         if _PACKAGE.fullmatch(package.name):
             match = _DEB_VERSION.match(package.version)
             if match:
-                return package.name, match.group(1)
+                return package, match.group(1)
     return None
+
+
+def pinned_version(deb_version: str, upstream: str, driver: str) -> str:
+    """Return the package version of ``driver``'s release, shaped as the installed one.
+
+    ``550.90.07-1`` -> ``550.127.05-1``: NVIDIA's repositories and Ubuntu's archive keep the
+    revision scheme across driver versions; "" where the version cannot be shaped so.
+    """
+    epoch, sep, rest = deb_version.rpartition(":")
+    if not rest.startswith(upstream) or not re.fullmatch(r"[0-9]{1,4}(\.[0-9]{1,4}){1,2}",
+                                                         driver):
+        return ""
+    pinned = (f"{epoch}{sep}" if sep else "") + driver + rest[len(upstream):]
+    return pinned if re.fullmatch(r"[0-9A-Za-z.+~:-]{1,64}", pinned) else ""
 
 
 class NvidiaFabricmanager(Check[CheckOptions]):
@@ -101,11 +122,16 @@ class NvidiaFabricmanager(Check[CheckOptions]):
         seen = nvidia.sightings(host, COMM, PIDFILES, UNIT)
         pid = next((s.pid for s in seen if s.verdict), None)
         unit = units.read_unit(host, UNIT)
-        installed = package_version(host)
+        found = installed_package(host)
+        installed = (found[0].name, found[1]) if found else None
         operator = host.exists(nvidia.OPERATOR_ROOT)
         ev.update(unit=unit.path, enabled_by=" ".join(unit.enabled_by), pid=pid or "",
                   driver=driver.version if driver else "",
                   package=f"{installed[0]} {installed[1]}" if installed else "")
+        if found:
+            ev["package_version"] = found[0].version[:64]
+            if found[0].held:
+                ev["package_held"] = found[0].name
         ignored = [s for s in seen if s.verdict is False]
         if ignored:
             ev["ignored"] = "; ".join(f"pid {s.pid} {s.why}" for s in ignored)[:512]
@@ -114,6 +140,19 @@ class NvidiaFabricmanager(Check[CheckOptions]):
             return self.skipped(
                 "fabricmanager", f"a process named {COMM} runs (pid {unknown.pid}) but "
                 f"{unknown.why}: whether fabric manager runs cannot be told", evidence=ev)
+        if pid is None and driver is not None and installed and installed[1] != driver.version:
+            # The cause is known: it refuses to start against another driver version.
+            # Starting it again would fail again; the package must match first.
+            held = ("; the package is held (apt-mark hold), so upgrades left it behind"
+                    if found and found[0].held else "")
+            return self.failed(
+                "fabricmanager", f"{count} NVSwitch(es) but fabric manager is not running: its "
+                f"package {installed[0]} is {installed[1]} and the loaded driver is "
+                f"{driver.version}; fabric manager refuses to start against another driver "
+                f"version{held}, and CUDA fails with 'system not yet initialized'",
+                observed=f"not running ({installed[1]})", expected=driver.version,
+                evidence=ev, fix=(f"apt-mark unhold {installed[0]}; " if held else "")
+                + f"install {installed[0]} {driver.version}, then start it")
         if pid is None:
             missing = "not installed" if not (unit.installed or installed or operator) else \
                 "not running"
@@ -168,11 +207,29 @@ class NvidiaFabricmanager(Check[CheckOptions]):
             driver = ev.get("driver", "")
             package = ev.get("package", "").split()
             if driver and (not package or package[1:] != [driver]):
-                name = package[0] if package else f"nvidia-fabricmanager-{driver.split('.')[0]}"
+                branch = driver.split(".")[0]
+                name = package[0] if package else f"nvidia-fabricmanager-{branch}"
+                old = name
+                if _PACKAGE.fullmatch(name) and name != "nvidia-fabricmanager" and \
+                        not name.endswith(f"-{branch}"):
+                    # Branch packages (nvidia-fabricmanager-570) never carry another
+                    # branch's versions: the driver's branch has its own package.
+                    name = f"nvidia-fabricmanager-{branch}"
+                if ev.get("package_held"):
+                    advice.append(Advice("release the hold that kept it at the old version",
+                                         ("apt-mark", "unhold", old)))
+                pinned = pinned_version(ev.get("package_version", ""), package[1], driver) \
+                    if len(package) == 2 else ""
                 advice.append(Advice(f"install {name} at version {driver}, the driver's "
                                      f"(apt-cache policy {name} lists the versions)",
-                                     ("apt-get", "install", name)))
-            advice.append(Advice("start it now", ("systemctl", "start", UNIT)))
+                                     ("apt-get", "install", f"{name}={pinned}" if pinned
+                                      else name)))
+                advice.append(Advice("hold it with the driver so they upgrade together",
+                                     ("apt-mark", "hold", name)))
+                advice.append(Advice("then start it (it refuses to start before the versions "
+                                     "match)", ("systemctl", "start", UNIT)))
+            else:
+                advice.append(Advice("start it now", ("systemctl", "start", UNIT)))
             remedies.append(Remedy(check=self.id, subject=finding.subject,
                                    title="run fabric manager at the driver's version",
                                    persistent=tuple(steps), advice=tuple(advice)))

@@ -189,8 +189,28 @@ def test_fabricmanager_version_mismatch(tmp_path: Path) -> None:
     assert "fabric manager 570.172.08 (nvidia-fabricmanager-570) runs against driver " \
         "580.95.05" in found.message
     [section] = plan(NvidiaFabricmanager, root).sections
-    assert ("apt-get", "install", "nvidia-fabricmanager-570") in [
+    # The driver's branch has its own package, pinned at the driver's version.
+    assert ("apt-get", "install", "nvidia-fabricmanager-580=580.95.05-1") in [
         a.argv for a in section.remedy.advice]
+
+
+def test_fabricmanager_down_for_a_held_older_version_names_the_cause(tmp_path: Path) -> None:
+    """It refuses to start against another driver version: the fix pins the version and
+    releases the hold before starting it, never 'enable --now' alone."""
+    root = node(tmp_path, DriverSpec(nvswitches=4, fabricmanager="stopped", held=True,
+                                     fabricmanager_version="580.82.07"))
+    found = judge(NvidiaFabricmanager, root)["fabricmanager"]
+    assert found.status is Status.FAIL
+    assert "its package nvidia-fabricmanager-580 is 580.82.07 and the loaded driver is " \
+        "580.95.05; fabric manager refuses to start" in found.message
+    assert "held (apt-mark hold)" in found.message
+    assert "enable --now" not in found.fix and found.fix.startswith("apt-mark unhold")
+    [section] = plan(NvidiaFabricmanager, root).sections
+    argvs = [a.argv for a in section.remedy.advice]
+    unhold = argvs.index(("apt-mark", "unhold", "nvidia-fabricmanager-580"))
+    install = argvs.index(("apt-get", "install", "nvidia-fabricmanager-580=580.95.05-1"))
+    start = argvs.index(("systemctl", "start", "nvidia-fabricmanager.service"))
+    assert unhold < install < start
 
 
 def test_peermem_proprietary_without_module(tmp_path: Path) -> None:
