@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, ClassVar
 from auditor.check import Check, CheckOptions, Trigger
 from auditor.checks.lib import kernels, modprobe, nvidia, packages, pci
 from auditor.environment import READS as ENVIRONMENT_READS
+from auditor.environment import environment
 from auditor.hosts import gpufiles
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity
@@ -113,6 +114,16 @@ class NvidiaDriver(Check[CheckOptions]):
                                "driver: no host driver expected")
             return
         yield self._userspace(host, driver, gpus)
+        env = environment(host)
+        if env.in_container:
+            # The image's own apt configuration and modprobe.d are not the host's: the
+            # host's upgrade policy and its nouveau blacklist are judged on the host.
+            why = (f"inside a {env.describe()}: the host's {{}} is judged on the host, not "
+                   "from the image's own files")
+            yield self.skipped("upgrades", why.format("upgrade policy"))
+            if gpus:
+                yield self.skipped("nouveau", why.format("nouveau blacklist"))
+            return
         yield self._upgrades(host)
         if gpus:
             yield self._nouveau(host, gpus)

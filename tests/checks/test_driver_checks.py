@@ -344,3 +344,17 @@ def test_fifos_devices_and_loops_where_files_belong_are_not_read(tmp_path: Path)
                           text=True, timeout=60, check=False)
     assert proc.returncode in (0, 1), proc.stderr
     assert '"status": "error"' not in proc.stdout
+
+
+def test_inside_a_container_the_hosts_policy_is_not_read_from_the_image(tmp_path: Path) -> None:
+    """The image's apt configuration (unattended upgrades on in it) and its modprobe.d say
+    nothing of the host: those subjects skip as the host's; the libraries the container sees
+    are still judged against the loaded module."""
+    root = node(tmp_path, DriverSpec(environment="container", unattended=True))
+    found = judge(NvidiaDriver, root)
+    assert found["upgrades"].status is Status.SKIP
+    assert "the host's upgrade policy is judged on the host" in found["upgrades"].message
+    assert found["nouveau"].status is Status.SKIP
+    assert found["userspace"].status is Status.PASS
+    bare = judge(NvidiaDriver, node(tmp_path, DriverSpec(unattended=True), "bare"))
+    assert bare["upgrades"].status is Status.WARN
