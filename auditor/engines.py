@@ -20,7 +20,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from auditor.model import PROBLEMS, Finding, Report, Severity, Status, fingerprint
 
@@ -263,3 +263,10 @@ def write_atomic(path: str, text: str) -> None:
     from auditor.outfile import write_text
 
     write_text(path, text)
+
+
+def write_atomic_chunks(path: str, chunks: Iterable[bytes]) -> None:
+    """Write the pieces to ``path`` as :func:`write_atomic` writes text (a large report)."""
+    from auditor.outfile import write_file
+
+    write_file(path, chunks)

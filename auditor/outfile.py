@@ -25,6 +25,7 @@ import errno
 import os
 import secrets
 import stat
+from collections.abc import Iterable
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 #: Symlinks of our own followed from one target before giving up (the kernel's limit).
@@ -133,7 +134,7 @@ def _kind(st: os.stat_result) -> str:
     return "not a file"
 
 
-def write_file(path: str, data: bytes, mode: int | None = None) -> None:
+def write_file(path: str, data: bytes | Iterable[bytes], mode: int | None = None) -> None:
     """Make ``path`` hold ``data`` whole, never writing through another user's path.
 
     The new file gets ``mode`` (default: ``0o666`` less the umask, so a collector running
@@ -183,7 +184,8 @@ def write_text(path: str, text: str, mode: int | None = None) -> None:
     write_file(path, text.encode("utf-8"), mode)
 
 
-def _write_in_place(dirfd: int, name: str, existing: os.stat_result, data: bytes) -> None:
+def _write_in_place(dirfd: int, name: str, existing: os.stat_result,
+                    data: bytes | Iterable[bytes]) -> None:
     """Rewrite the regular file found at ``name`` (the same one: its inode is checked)."""
     fd = os.open(name, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
                  | os.O_CLOEXEC, dir_fd=dirfd)
@@ -200,7 +202,8 @@ def _write_in_place(dirfd: int, name: str, existing: os.stat_result, data: bytes
         os.close(fd)
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
+def _write_all(fd: int, data: bytes | Iterable[bytes]) -> None:
+    for chunk in (data,) if isinstance(data, bytes) else data:
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(fd, view):]

@@ -190,6 +190,35 @@ def render_prometheus(reports: Sequence[Report]) -> str:
     """Render reports as gauges (one per finding, one per check, counts, run facts) and the
     counters checks keep; one machine once, every series once."""
     reports, notes = distinct_machines(reports)
+    comments, blocks = prometheus_parts(reports)
+    out = comments + [f"# host-auditor: {_comment(line)}" for line in notes]
+    for name, lines in blocks.items():
+        if lines:
+            out.append(family_header(name).rstrip("\n"))
+            out.extend(lines)
+    return "\n".join(out) + "\n"
+
+
+#: Each metric family's HELP text and type, in the order the output lists them.
+FAMILIES: dict[str, tuple[str, str]] = {
+    **{name: (text, "gauge") for name, text in HELP.items()},
+    **{family.metric: (family.help, "counter") for family in COUNTER_FAMILIES},
+}
+
+
+def family_header(name: str) -> str:
+    """Return the HELP and TYPE lines of a metric family."""
+    help_text, kind = FAMILIES[name]
+    return f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n"
+
+
+def prometheus_parts(reports: Sequence[Report]) -> tuple[list[str], dict[str, list[str]]]:
+    """Return the reports' comment lines and their samples by metric family (in output order).
+
+    The reports must be distinct machines (:func:`distinct_machines`). Several batches of
+    them (``audit merge`` renders a fleet in chunks) give one exposition when each family's
+    samples are joined batch after batch under one header.
+    """
     finding_lines: list[str] = []
     check_lines: list[str] = []
     count_lines: list[str] = []
@@ -231,35 +260,26 @@ def render_prometheus(reports: Sequence[Report]) -> str:
         if not report.error:  # nothing read from an unreachable host: no tuned state
             stamp_labels = _labels([*who, ("fingerprint", fingerprint(report))])
             info_lines.append(f"host_auditor_tuning_info{stamp_labels} 1")
-    blocks = [
-        ("host_auditor_finding", HELP["host_auditor_finding"], "gauge", finding_lines),
-        ("host_auditor_check_status", HELP["host_auditor_check_status"], "gauge", check_lines),
-        ("host_auditor_findings", HELP["host_auditor_findings"], "gauge", count_lines),
-        ("host_auditor_up", HELP["host_auditor_up"], "gauge", up_lines),
-        ("host_auditor_last_run_timestamp_seconds",
-         HELP["host_auditor_last_run_timestamp_seconds"], "gauge", time_lines),
-        ("host_auditor_duration_seconds", HELP["host_auditor_duration_seconds"], "gauge",
-         duration_lines),
-        ("host_auditor_tuning_info", HELP["host_auditor_tuning_info"], "gauge", info_lines),
-        ("host_auditor_measurement", HELP["host_auditor_measurement"], "gauge",
-         _measurement_lines(reports)),
-    ]
-    blocks += [(family.metric, family.help, "counter", _counter_lines(reports, family))
-               for family in COUNTER_FAMILIES]
-    out: list[str] = []
+    blocks = {
+        "host_auditor_finding": finding_lines,
+        "host_auditor_check_status": check_lines,
+        "host_auditor_findings": count_lines,
+        "host_auditor_up": up_lines,
+        "host_auditor_last_run_timestamp_seconds": time_lines,
+        "host_auditor_duration_seconds": duration_lines,
+        "host_auditor_tuning_info": info_lines,
+        "host_auditor_measurement": _measurement_lines(reports),
+    }
+    for family in COUNTER_FAMILIES:
+        blocks[family.metric] = _counter_lines(reports, family)
+    comments: list[str] = []
     for report in reports:
         # Comments in the exposition format: who made the numbers, and with what privilege.
         # Each starts "# host-auditor": a host name can never make it a HELP or TYPE line.
         privilege = dict(report.facts).get("privilege")
-        out.append(f"# host-auditor {_comment(report.version or '-')}: "
-                   f"{_comment(report.identity)}"
-                   + (f" (also {_comment(', '.join(report.aliases))})" if report.aliases else "")
-                   + (f": audited without root ({_comment(privilege)})" if privilege else ""))
-    out.extend(f"# host-auditor: {_comment(line)}" for line in notes)
-    for name, help_text, kind, lines in blocks:
-        if not lines:
-            continue
-        out.append(f"# HELP {name} {help_text}")
-        out.append(f"# TYPE {name} {kind}")
-        out.extend(lines)
-    return "\n".join(out) + "\n"
+        comments.append(
+            f"# host-auditor {_comment(report.version or '-')}: {_comment(report.identity)}"
+            + (f" (also {_comment(', '.join(report.aliases))})" if report.aliases else "")
+            + (f": audited without root ({_comment(privilege)})" if privilege else ""))
+    return comments, blocks
+

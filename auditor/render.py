@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
     from auditor.fix import FixPlan
     from auditor.fleet import FleetView
+    from auditor.merge import TextView
 
 #: Report formats; ``line`` and ``nfd`` are the engines' own (:mod:`auditor.engines`).
 FORMATS = ("text", "json", "markdown", "html", "junit", "prometheus", "line", "nfd", "nagios",
@@ -402,6 +403,11 @@ def render_fleet_table(reports: Sequence[Report], colour: bool = False) -> str:
 FLEET_FORMATS = ("text", "json", "html", "prometheus", "line")
 
 
+def render_merged_text(view: TextView, *, limit: int = 10) -> str:
+    """Render the text report of ``audit merge`` (a fleet merged from result files)."""
+    return make_environment("text").get_template("merge.txt.j2").render(view=view, limit=limit)
+
+
 def render_merge(view: FleetView, fmt: str, *, limit: int = 10) -> str:
     """Render the fleet report of ``audit merge``: text, json, html, prometheus or line."""
     if fmt == "json":
@@ -419,9 +425,10 @@ def render_merge(view: FleetView, fmt: str, *, limit: int = 10) -> str:
         return render_line(view.hosts)
     if fmt not in FLEET_FORMATS:
         raise ValueError(f"unknown fleet format {fmt!r}")
-    env = make_environment("html" if fmt == "html" else "text")
-    template = env.get_template("fleet.html.j2" if fmt == "html" else "merge.txt.j2")
-    return template.render(view=view, limit=limit)
+    if fmt == "text":
+        raise ValueError("the text fleet report is render_merged_text's (auditor.merge)")
+    env = make_environment("html")
+    return env.get_template("fleet.html.j2").render(view=view, limit=limit)
 
 
 # -- fix scripts ---------------------------------------------------------------------------

@@ -43,7 +43,8 @@ class LoadedResults:
     notes: list[str] = field(default_factory=list)
 
 
-def _documents(data: Any) -> list[Mapping[str, Any]]:
+def documents(data: Any) -> list[Mapping[str, Any]]:
+    """Return the host reports of a decoded result file (one report, or a merged fleet's)."""
     if isinstance(data, Mapping) and isinstance(data.get("hosts"), list):
         return list(data["hosts"])
     if isinstance(data, Mapping):
@@ -87,7 +88,7 @@ MAX_RESULT = 64 << 20
 READ_AHEAD_BYTES = 128 << 20
 
 
-def _read(path: str) -> bytes | OSError:
+def read_result(path: str) -> bytes | OSError:
     """Read a regular file of at most MAX_RESULT bytes (a FIFO or device is never opened)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -131,7 +132,7 @@ def _read_ahead(paths: Iterable[str], window: int = 256) -> Iterator[tuple[str, 
                     pass
                 end += 1
             chunk = pending[start:end]
-            yield from zip(chunk, pool.map(_read, chunk), strict=True)
+            yield from zip(chunk, pool.map(read_result, chunk), strict=True)
             start = end
 
 
@@ -158,7 +159,7 @@ def _load_results(paths: Iterable[str]) -> LoadedResults:
             )
             continue
         try:
-            reports = [Report.from_dict(doc) for doc in _documents(data)]
+            reports = [Report.from_dict(doc) for doc in documents(data)]
         except (ValueError, RecursionError) as exc:
             loaded.unreadable.append(Unreadable(path, printable(" ".join(str(exc).split()))[:300]))
             continue

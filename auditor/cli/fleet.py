@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from typing import Annotated
 
 import typer
@@ -38,7 +39,6 @@ from auditor.cli.options import (
     UserOpt,
     check_output_path,
     choice,
-    exit_code,
     fatal,
     handle_errors,
     infer_format,
@@ -47,6 +47,7 @@ from auditor.cli.options import (
     prepare,
     ssh_options,
     write_output,
+    write_output_chunks,
 )
 from auditor.model import FailOn
 from auditor.render import FLEET_FORMATS
@@ -152,38 +153,64 @@ def merge_command(
                      metavar="HOST"),
     ] = None,
     fail_on: FailOnOpt = "fail",
+    jobs: Annotated[int | None, typer.Option(
+        "--jobs", "-j", min=1, max=1024, metavar="N",
+        help="Processes that read and reduce the files (default: one per CPU).")] = None,
 ) -> None:
     """Merge per-host JSON results into one fleet report; diff against a golden host."""
-    from auditor.fleet import fleet_view
-    from auditor.render import render_merge
-    from auditor.results import load_results
+    from auditor.merge import MergeError, merge, text_view
+    from auditor.render import render_merged_text
 
     fmt = infer_format(fmt, output, MERGE_FORMATS)
     with handle_errors():
         check_output_path(output)
     files, empty = _expand(results)
-    loaded = load_results(files)
-    for bad in loaded.unreadable:
+    progress = _progress() if sys.stderr.isatty() and len(files) >= 1000 else None
+    try:
+        merged = merge(files, fmt, golden=golden, fail_on=FailOn(fail_on), jobs=jobs,
+                       progress=progress)
+    except MergeError as exc:
+        if progress is not None:
+            progress(0, 0)
+        for bad in exc.unreadable:
+            print(f"audit: error: {bad.line()}", file=sys.stderr)
+        where = f" ({', '.join(empty)}: no .json files)" if empty and not files else ""
+        fatal(f"{exc}{where}", EXIT_USAGE)
+    if progress is not None:
+        progress(0, 0)
+    for bad in merged.unreadable:
         print(f"audit: error: {bad.line()}", file=sys.stderr)
-    for line in loaded.notes:
+    for line in merged.notes:
         note(f"note: {line}")
-    if not loaded.reports:
-        where = f" ({', '.join(empty)}: no .json files)" if empty else ""
-        fatal(f"no readable results to merge{where}", EXIT_USAGE)
-    hosts = {r.host for r in loaded.reports}
-    if golden is not None and golden not in hosts:
-        names = sorted(hosts)
-        shown = ", ".join(names[:10]) + (f", ... ({len(names) - 10} more)" if len(names) > 10
-                                        else "")
-        fatal(f"golden host {golden!r} is not among the merged results (hosts: {shown}; a "
-              "host is named by its report's host, not its file)", EXIT_USAGE)
-    if golden is not None and any(r.error for r in loaded.reports if r.host == golden):
-        fatal(f"golden host {golden!r} could not be audited: pick another", EXIT_USAGE)
-    view = fleet_view(loaded, golden)
-    write_output(render_merge(view, fmt), output)
-    if loaded.unreadable:
+    try:
+        if fmt == "text":
+            write_output(render_merged_text(text_view(merged)), output)
+        else:
+            write_output_chunks(merged.chunks(), output)
+    finally:
+        merged.close()
+    if merged.unreadable:
         raise typer.Exit(EXIT_USAGE)
-    raise typer.Exit(exit_code(loaded.reports, FailOn(fail_on)))
+    raise typer.Exit(merged.exit_code)
+
+
+def _progress() -> Callable[[int, int], None]:
+    """Return a callback that keeps one progress line on the terminal (stderr)."""
+    state = {"shown": -1}
+
+    def show(done: int, total: int) -> None:
+        if total == 0:
+            if state["shown"] >= 0:
+                sys.stderr.write("\r\x1b[K")
+                sys.stderr.flush()
+            return
+        percent = 100 * done // total
+        if percent != state["shown"]:
+            state["shown"] = percent
+            sys.stderr.write(f"\rmerging: {percent:3d}%")
+            sys.stderr.flush()
+
+    return show
 
 
 def watch_command(

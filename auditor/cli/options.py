@@ -14,7 +14,7 @@ import errno
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, NoReturn
 
@@ -507,6 +507,22 @@ def write_output(text: str, output: str | None,
             except OSError as again:
                 kept = f"; the results could not be kept either ({again})"
         fatal(f"{output}: cannot write report ({exc.strerror}){kept}", EXIT_USAGE)
+
+
+def write_output_chunks(chunks: Iterable[bytes], output: str | None) -> None:
+    """Write rendered output given in pieces (a large fleet report) as write_output does."""
+    if output is None or output == "-":
+        out = sys.stdout.buffer
+        for chunk in chunks:
+            out.write(chunk)
+        out.flush()
+        return
+    from auditor.engines import write_atomic_chunks
+
+    try:
+        write_atomic_chunks(output, chunks)
+    except OSError as exc:
+        fatal(f"{output}: cannot write report ({exc.strerror})", EXIT_USAGE)
 
 
 def exit_code(reports: Sequence[Report], fail_on: FailOn) -> int:

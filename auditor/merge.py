@@ -1,0 +1,1062 @@
+"""``audit merge`` at fleet scale: two streaming passes over the result files, on every core.
+
+A fleet's results are read twice, in chunks of files spread over worker processes:
+
+1. **Index**: each file is decoded and checked, and each host report in it is reduced to
+   a few numbers (who it is, where it is). The parent resolves hosts reported more than
+   once (:func:`auditor.model.pick_report`, on the two reports read again), names the
+   hosts whose names collide, and finds the golden host.
+2. **Reduce**: each chunk is decoded again and reduced to what the chosen format needs.
+   For ``text`` that is a :class:`Partial`: counts, and bounded lists (the first hosts of
+   each problem and fingerprint group, the first differing hosts), merged in the parent,
+   so memory is bounded by what is reported, not by the fleet. For the formats that
+   hold every host (``json``, ``html``, ``line``, ``prometheus``) each chunk renders its
+   hosts with the same renderers as a single audit, and the parent spools the pieces to
+   an unnamed file and writes them out in order.
+
+Files are decoded with msgspec into typed structures (only the fields a merge reads; the
+rest is skipped without building objects); a document that does not fit them goes the
+tolerant way of :meth:`auditor.model.Report.from_dict`. JSON is read strictly (RFC 8259:
+no NaN or Infinity, no lone surrogates, numbers in range), so every number merged is
+finite. Chunks are cut in file order and merged in chunk order, so the result is the
+same byte for byte whatever the number of processes.
+
+A host is one machine: reports with the same machine id (``facts.machine_id``) and host
+name are one host (the same machine reached under two names is said once, in a note);
+reports without a machine id are known by host name, as before. Two machines with one
+host name stay two hosts, shown as ``name (target)``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import os
+import secrets
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any, Literal, NamedTuple
+
+import msgspec
+
+from auditor.model import (
+    FINGERPRINT_LENGTH,
+    FINGERPRINT_VERSION,
+    CheckResult,
+    FailOn,
+    Finding,
+    Report,
+    Severity,
+    Status,
+    pick_report,
+)
+from auditor.results import MAX_RESULT, Unreadable, read_result
+from auditor.text import printable
+
+StatusText = Literal["pass", "skip", "warn", "fail", "error"]
+SeverityText = Literal["info", "low", "medium", "high", "critical"]
+
+_STATUS = {s.value: s for s in Status}
+_SEVERITY = {s.value: s for s in Severity}
+_ORDER = {s.value: s.order for s in Status}
+_RANK = {s.value: s.rank for s in Status}
+#: How many files one task reads: large enough to keep a process busy, small enough that
+#: a chunk's reports (what a task holds at once) stay a few megabytes.
+CHUNK_FILES = 64
+#: Text views list this many hosts of a group, and four times as many groups.
+LIMIT = 10
+
+
+class FindingDoc(msgspec.Struct, gc=False):
+    """A finding as ``audit`` writes it (the fields a merge reads)."""
+
+    check: str
+    status: StatusText
+    severity: SeverityText = "info"
+    subject: str = ""
+    aspect: str = ""
+    observed: str = ""
+    expected: str = ""
+    message: str = ""
+    fix: str = ""
+    host: str = ""
+    evidence: dict[str, str] = {}
+    waived: bool = False
+    waiver: str = ""
+
+
+class CheckDoc(msgspec.Struct, gc=False):
+    """A check's line in a report's ``checks``."""
+
+    check: str
+    duration_s: float = 0.0
+
+
+class ToolDoc(msgspec.Struct, gc=False):
+    """The ``tool`` of a report."""
+
+    version: str = ""
+
+
+class ReportDoc(msgspec.Struct, gc=False):
+    """A host's report as ``audit`` writes it (the fields a merge reads)."""
+
+    host: str
+    target: str | None = None
+    started: str = ""
+    duration_s: float = 0.0
+    facts: dict[str, str] = {}
+    checks: list[CheckDoc] = []
+    findings: list[FindingDoc] = []
+    error: str = ""
+    timing: dict[str, float] = {}
+    tool: ToolDoc | None = None
+    policy: dict[str, str] = {}
+
+
+_STRICT = msgspec.json.Decoder(ReportDoc)
+_ANY = msgspec.json.Decoder()
+
+
+_TOO_DEEP = "not a report: JSON nested too deeply"
+
+
+def _json_error(exc: msgspec.DecodeError, raw: bytes) -> str:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "not UTF-8 text"
+    text = " ".join(str(exc).split())
+    if "truncated" in text and raw.strip() and not raw.rstrip().endswith(b"}"):
+        return f"truncated JSON: {text}"
+    # Also a number out of range (RFC 8259 leaves the range to us: a float's), NaN,
+    # Infinity and a lone surrogate: what is merged and written is strict JSON.
+    return f"not valid JSON: {text}"
+
+
+def _doc_of(report: Report) -> ReportDoc:
+    """Return the typed form of a report read the tolerant way."""
+    return msgspec.convert(report.to_dict(), ReportDoc)
+
+
+def decode(raw: bytes) -> list[ReportDoc] | str:
+    """Return the host reports a result file holds, or why it holds none (one line)."""
+    try:
+        return [_STRICT.decode(raw)]
+    except msgspec.ValidationError:
+        pass  # valid JSON of another shape: the tolerant way below says what it is
+    except msgspec.DecodeError as exc:
+        return _json_error(exc, raw)
+    except RecursionError:
+        return _TOO_DEEP
+    try:
+        data = _ANY.decode(raw)
+    except msgspec.DecodeError as exc:
+        return _json_error(exc, raw)
+    except RecursionError:
+        return _TOO_DEEP
+    from auditor.results import documents
+
+    try:
+        return [_doc_of(Report.from_dict(doc)) for doc in documents(data)]
+    except (ValueError, RecursionError, msgspec.ValidationError) as exc:
+        return printable(" ".join(str(exc).split()))[:300]
+
+
+# -- identity ------------------------------------------------------------------------------
+
+
+def machine_id(doc: ReportDoc) -> str:
+    """Return the machine id the report carries ('' for reports without one)."""
+    return doc.facts.get("machine_id", "").strip()
+
+
+def target_of(doc: ReportDoc) -> str:
+    """Return the target the report was audited as (the host name where none is kept)."""
+    return doc.host if doc.target is None else doc.target
+
+
+def _hash(salt: bytes, *parts: str) -> int:
+    text = "\0".join(parts).encode("utf-8", "surrogatepass")
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8, key=salt).digest(), "big",
+                          signed=True)
+
+
+class DocKey(NamedTuple):
+    """One host report of one file, as the index pass sees it."""
+
+    identity: int
+    name: int
+    name_target: int
+    golden: bool
+
+
+def _identity(doc: ReportDoc) -> tuple[str, ...]:
+    mid = machine_id(doc)
+    return ("m", mid, doc.host) if mid else ("h", doc.host)
+
+
+def display_names(doc: ReportDoc, salt: bytes, names: frozenset[int],
+                  pairs: frozenset[int]) -> str:
+    """Return the name a host is shown by: its host name, made unique where names collide."""
+    if _hash(salt, doc.host) not in names:
+        return doc.host
+    target = target_of(doc)
+    if _hash(salt, doc.host, target) not in pairs:
+        return f"{doc.host} ({target})"
+    mid = machine_id(doc)
+    return f"{doc.host} ({target}, {mid[:12]})" if mid else f"{doc.host} ({target})"
+
+
+def _matches_golden(doc: ReportDoc, golden: str | None) -> bool:
+    if golden is None:
+        return False
+    target = target_of(doc)
+    return golden in (doc.host, target, f"{doc.host} ({target})")
+
+
+# -- the index pass ------------------------------------------------------------------------
+
+
+class FileIndex(NamedTuple):
+    """What the index pass found in one file: its host reports, or why it is unreadable."""
+
+    keys: tuple[DocKey, ...]
+    reason: str
+
+
+def _index_file(path: str, salt: bytes, golden: str | None) -> FileIndex:
+    raw = read_result(path)
+    if isinstance(raw, OSError):
+        return FileIndex((), f"cannot read ({raw.strerror})")
+    docs = decode(raw)
+    if isinstance(docs, str):
+        return FileIndex((), docs)
+    return FileIndex(tuple(
+        DocKey(_hash(salt, *_identity(doc)), _hash(salt, doc.host),
+               _hash(salt, doc.host, target_of(doc)), _matches_golden(doc, golden))
+        for doc in docs), "")
+
+
+def _index_chunk(args: tuple[Sequence[str], bytes, str | None]) -> list[FileIndex]:
+    paths, salt, golden = args
+    return [_index_file(path, salt, golden) for path in paths]
+
+
+# -- the reduce pass -----------------------------------------------------------------------
+
+
+def grouped(doc: ReportDoc) -> dict[str, list[FindingDoc]]:
+    """Return the findings by check, in the report's check order (as Report.from_dict)."""
+    groups: dict[str, list[FindingDoc]] = {c.check: [] for c in doc.checks}
+    for finding in doc.findings:
+        groups.setdefault(finding.check, []).append(finding)
+    return groups
+
+
+State = dict[tuple[str, str, str], tuple[str, str]]
+
+
+def state_of(doc: ReportDoc) -> State:
+    """Return what the golden diff compares (:func:`auditor.fleet.golden_diff`'s state)."""
+    state: State = {}
+    for finding in doc.findings:
+        raw = finding.status
+        if raw == "pass" and finding.evidence:
+            held = finding.evidence.get("waived", "")
+            raw = held if held in _ORDER else raw  # type: ignore[assignment]
+        value = (raw, finding.observed)
+        key = (finding.check, finding.subject, finding.aspect)
+        if key not in state or _ORDER[value[0]] > _ORDER[state[key][0]]:
+            state[key] = value
+    return state
+
+
+def differences(reference: State, state: State) -> list[tuple[str, ...]]:
+    """Return (check, subject, golden status, golden observed, status, observed, aspect)
+    for every key where a host differs from the golden host, in key order."""
+    found: list[tuple[str, ...]] = []
+    for key in sorted(reference.keys() | state.keys()):
+        want = reference.get(key, ("", ""))
+        have = state.get(key, ("", ""))
+        if want != have:
+            found.append((key[0], key[1], want[0], want[1], have[0], have[1], key[2]))
+    return found
+
+
+SortKey = tuple[int, str]
+
+
+def _top(items: Iterable[SortKey], limit: int = LIMIT) -> list[SortKey]:
+    return heapq.nsmallest(limit, items)
+
+
+@dataclass
+class Partial:
+    """What a chunk of hosts adds to a text fleet report; partials merge in any order."""
+
+    hosts: int = 0
+    host_counts: Counter[str] = field(default_factory=Counter)
+    skipped_hosts: int = 0
+    check_counts: dict[str, Counter[str]] = field(default_factory=dict)
+    #: A check's place in the report: the first host (worst first) that has it, and where.
+    check_order: dict[str, tuple[int, str, int]] = field(default_factory=dict)
+    finding_counts: Counter[str] = field(default_factory=Counter)
+    waived: int = 0
+    unreachable: list[tuple[str, str]] = field(default_factory=list)
+    #: (status, check, label) -> [how many hosts, the first hosts in report order].
+    problems: dict[tuple[str, str, str], list[Any]] = field(default_factory=dict)
+    #: fingerprint -> [how many hosts, the first hosts in report order].
+    groups: dict[str, list[Any]] = field(default_factory=dict)
+    compared: int = 0
+    #: (host, how many differences, the first differences) of the first differing hosts.
+    differ: list[tuple[str, int, list[tuple[str, ...]]]] = field(default_factory=list)
+    differ_total: int = 0
+    unaudited: bool = False
+    trips: bool = False
+
+    def merge(self, other: Partial) -> None:
+        """Add another chunk's partial to this one."""
+        self.hosts += other.hosts
+        self.host_counts.update(other.host_counts)
+        self.skipped_hosts += other.skipped_hosts
+        for check, counts in other.check_counts.items():
+            self.check_counts.setdefault(check, Counter()).update(counts)
+        for check, place in other.check_order.items():
+            if check not in self.check_order or place < self.check_order[check]:
+                self.check_order[check] = place
+        self.finding_counts.update(other.finding_counts)
+        self.waived += other.waived
+        self.unreachable.extend(other.unreachable)
+        _merge_groups(self.problems, other.problems)
+        _merge_groups(self.groups, other.groups)
+        self.compared += other.compared
+        self.differ = heapq.nsmallest(4 * LIMIT, self.differ + other.differ)
+        self.differ_total += other.differ_total
+        self.unaudited = self.unaudited or other.unaudited
+        self.trips = self.trips or other.trips
+
+
+def _merge_groups(into: dict[Any, list[Any]], other: dict[Any, list[Any]]) -> None:
+    for key, (count, first) in other.items():
+        mine = into.get(key)
+        if mine is None:
+            into[key] = [count, first]
+        else:
+            mine[0] += count
+            mine[1] = _top(mine[1] + first)
+
+
+def _add_to_group(groups: dict[Any, list[Any]], key: Any, sort_key: SortKey) -> None:
+    entry = groups.get(key)
+    if entry is None:
+        groups[key] = [1, [sort_key]]
+        return
+    entry[0] += 1
+    first = entry[1]
+    if len(first) < LIMIT:
+        first.append(sort_key)
+    elif sort_key < max(first):
+        first.remove(max(first))
+        first.append(sort_key)
+
+
+_BY_ORDER = [s.value for s in Status]
+
+
+class Summary(NamedTuple):
+    """One host's report reduced to what fleet reports show of it."""
+
+    status: str
+    cells: dict[str, str]
+    any_skip: bool
+    counts: Counter[str]
+    waived: int
+    #: (status, check, label) of each finding that counts as a problem.
+    problems: list[tuple[str, str, str]]
+    trips: bool
+    stamp: str
+    #: The differences from the golden host (None: not compared).
+    found: list[tuple[str, ...]] | None
+
+
+def summarize(doc: ReportDoc, golden: State | None, is_golden: bool,
+              fail_on: FailOn) -> Summary:
+    """Reduce one host's report in one walk over its findings.
+
+    The roll-ups are :func:`auditor.model.worst` of each check's counted statuses, the
+    fingerprint :func:`auditor.model.fingerprint`'s, the differences
+    :func:`auditor.fleet.golden_diff`'s: the tests hold them to the model's functions.
+    """
+    judged: dict[str, int] = {c.check: -1 for c in doc.checks}
+    skipped: set[str] = set()
+    counts: Counter[str] = Counter()
+    waived = 0
+    any_skip = False
+    problems: list[tuple[str, str, str]] = []
+    items: list[tuple[str, str, str, str, str]] = []
+    compare = golden is not None and not is_golden and not doc.error
+    state: State = {}
+    trips = False
+    threshold = fail_on.trips
+    order, rank = _ORDER, _RANK
+    status: str
+    raw: str
+    for f in doc.findings:
+        status, check = f.status, f.check
+        if f.waived:
+            waived += 1
+            counted = "pass"
+        else:
+            counts[status] += 1
+            counted = status
+        if status == "skip":
+            any_skip = True
+        if counted == "skip":
+            skipped.add(check)
+            judged.setdefault(check, -1)
+        elif order[counted] > judged.get(check, -1):
+            judged[check] = order[counted]
+        raw = status
+        if status == "pass" and f.evidence:
+            held = f.evidence.get("waived")
+            if held in order:
+                raw = held
+        items.append((check, f.subject, f.aspect, raw, f.observed))
+        if compare:
+            key = (check, f.subject, f.aspect)
+            seen = state.get(key)
+            if seen is None or order[raw] > order[seen[0]]:
+                state[key] = (raw, f.observed)
+        if rank[counted]:
+            label = f"{f.subject} [{f.aspect}]" if f.aspect else f.subject
+            problems.append((status, check, label))
+            if not trips and threshold(_STATUS[counted]):
+                trips = True
+    cells = {check: (_BY_ORDER[value] if value >= 0 else "skip" if check in skipped
+                     else "pass") for check, value in judged.items()}
+    if doc.error:
+        status = "error"
+    else:
+        judged_cells = [order[c] for c in cells.values() if c != "skip"]
+        status = (_BY_ORDER[max(judged_cells)] if judged_cells
+                  else "skip" if cells else "pass")
+    stamp = "" if doc.error else _stamp(sorted(set(items)), sorted(judged))
+    found = differences(golden, state) if compare and golden is not None else None
+    return Summary(status, cells, any_skip, counts, waived, problems, trips, stamp, found)
+
+
+def _stamp(findings: list[tuple[str, str, str, str, str]], checks: list[str]) -> str:
+    canonical = msgspec.json.encode({"checks": checks, "findings": findings,
+                                     "version": FINGERPRINT_VERSION})
+    # auditor.model.fingerprint hashes json.dumps(sort_keys, compact, ensure_ascii): msgspec
+    # writes the same bytes for ASCII text (keys given sorted here); other text is escaped.
+    if not canonical.isascii():
+        import json
+
+        canonical = json.dumps(msgspec.json.decode(canonical), sort_keys=True,
+                               separators=(",", ":"), ensure_ascii=True).encode()
+    return hashlib.sha256(canonical).hexdigest()[:FINGERPRINT_LENGTH]
+
+
+def reduce_text(partial: Partial, doc: ReportDoc, name: str, golden: State | None,
+                is_golden: bool, fail_on: FailOn) -> Summary:
+    """Add one host's report to a text partial; return its summary."""
+    summary = summarize(doc, golden, is_golden, fail_on)
+    status = summary.status
+    sort_key: SortKey = (-_ORDER[status], name)
+    partial.hosts += 1
+    partial.host_counts[status] += 1
+    partial.skipped_hosts += summary.any_skip
+    check_counts, check_order = partial.check_counts, partial.check_order
+    for position, (check, cell) in enumerate(summary.cells.items()):
+        counter = check_counts.get(check)
+        if counter is None:
+            counter = check_counts[check] = Counter()
+        counter[cell] += 1
+        place = (sort_key[0], name, position)
+        if check not in check_order or place < check_order[check]:
+            check_order[check] = place
+    partial.finding_counts.update(summary.counts)
+    partial.waived += summary.waived
+    for key in summary.problems:
+        _add_to_group(partial.problems, key, sort_key)
+    partial.trips = partial.trips or summary.trips
+    if doc.error:
+        partial.unreachable.append((name, doc.error))
+        partial.unaudited = True
+        return summary
+    _add_to_group(partial.groups, summary.stamp, sort_key)
+    found = summary.found
+    if found is not None:
+        partial.compared += 1
+        if found:
+            partial.differ_total += 1
+            entry = (name, len(found), found[:LIMIT])
+            if len(partial.differ) < 4 * LIMIT:
+                partial.differ.append(entry)
+                partial.differ.sort()
+            elif entry < partial.differ[-1]:
+                partial.differ[-1] = entry
+                partial.differ.sort()
+    return summary
+
+
+# -- typed documents back to reports -------------------------------------------------------
+
+
+def report_of(doc: ReportDoc, name: str) -> Report:
+    """Return the report a typed document holds, shown under ``name``."""
+    findings_by_check = grouped(doc)
+    durations = {c.check: c.duration_s for c in doc.checks}
+    results = []
+    for check, items in findings_by_check.items():
+        findings = []
+        for f in items:
+            finding = object.__new__(Finding)
+            finding.__dict__.update(
+                check=f.check, status=_STATUS[f.status], severity=_SEVERITY[f.severity],
+                subject=f.subject, message=f.message, observed=f.observed,
+                expected=f.expected, fix=f.fix, host=f.host, evidence=tuple(f.evidence.items()),
+                aspect=f.aspect, waived=f.waived, waiver=f.waiver)
+            findings.append(finding)
+        results.append(CheckResult(check, durations.get(check, 0.0), tuple(findings)))
+    return Report(
+        host=name, target=target_of(doc), started=doc.started, duration_s=doc.duration_s,
+        results=tuple(results), facts=tuple(doc.facts.items()), error=doc.error,
+        timing=tuple((k.removesuffix("_s"), v) for k, v in doc.timing.items()),
+        version=doc.tool.version if doc.tool is not None else "",
+        policy=tuple(doc.policy.items()),
+    )
+
+
+# -- the passes ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the reduce pass needs to know: which documents to take, and how to name hosts."""
+
+    fmt: str
+    salt: bytes
+    golden: str | None
+    golden_state: State | None
+    fail_on: FailOn
+    names: frozenset[int]
+    pairs: frozenset[int]
+
+
+class Task(NamedTuple):
+    """One chunk of files for the reduce pass, with the documents of each file to skip."""
+
+    paths: tuple[str, ...]
+    #: Per file, the documents to leave out (None: the whole file, unreadable in the index).
+    skip: tuple[frozenset[int] | None, ...]
+    golden: tuple[int, int]  # (file in this chunk, document) of the golden host, or (-1, -1)
+
+
+class HostPiece(NamedTuple):
+    """A host's rendered piece for a format that holds every host, and where it sorts."""
+
+    sort_key: SortKey
+    name: str
+    data: bytes
+
+
+@dataclass
+class Reduced:
+    """What one chunk of the reduce pass returns."""
+
+    partial: Partial
+    #: Hosts whose file changed between the two passes (left out, with the reason).
+    unreadable: list[tuple[int, str]] = field(default_factory=list)
+    #: The rendered hosts (json, html, line) or blocks (prometheus) of the chunk.
+    pieces: list[HostPiece] = field(default_factory=list)
+    blocks: dict[str, bytes] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+_PLAN: Plan | None = None
+
+
+def _reduce_chunk(task: Task) -> Reduced:
+    assert _PLAN is not None
+    plan = _PLAN
+    out = Reduced(Partial())
+    reports: list[Report] = []
+    for index, (path, skip) in enumerate(zip(task.paths, task.skip, strict=True)):
+        if skip is None:
+            continue
+        raw = read_result(path)
+        docs = raw if isinstance(raw, OSError) else decode(raw)
+        if isinstance(docs, (OSError, str)):
+            out.unreadable.append((index, "changed while it was being merged"))
+            continue
+        for number, doc in enumerate(docs):
+            if number in skip:
+                continue
+            name = display_names(doc, plan.salt, plan.names, plan.pairs)
+            is_golden = (index, number) == task.golden
+            if plan.fmt == "text":
+                reduce_text(out.partial, doc, name, plan.golden_state, is_golden, plan.fail_on)
+            else:
+                _reduce_rendered(out, doc, name, plan, is_golden, reports)
+    if plan.fmt == "prometheus" and reports:
+        from auditor.prom import prometheus_parts
+
+        comments, blocks = prometheus_parts(reports)
+        out.blocks = {"": "".join(line + "\n" for line in comments).encode(),
+                      **{name: "".join(line + "\n" for line in lines).encode()
+                         for name, lines in blocks.items()}}
+    return out
+
+
+def _reduce_rendered(out: Reduced, doc: ReportDoc, name: str, plan: Plan, is_golden: bool,
+                     reports: list[Report]) -> None:
+    """Add one host to a chunk of a format that holds every host."""
+    reduce_text(out.partial, doc, name, plan.golden_state, is_golden, plan.fail_on)
+    report = report_of(doc, name)
+    sort_key: SortKey = (-report.status.order, name)
+    if plan.fmt == "prometheus":
+        reports.append(report)
+        return
+    if plan.fmt == "line":
+        from auditor.engines import report_line
+
+        line = report_line(report, prefix=name) + "\n"
+        out.pieces.append(HostPiece(sort_key, name, line.encode("utf-8", "surrogatepass")))
+        return
+    summary = summarize(doc, plan.golden_state, is_golden, plan.fail_on)
+    out.extra.setdefault("hosts", []).append((sort_key, name, summary.stamp, summary.cells,
+                                              summary.found, not doc.error))
+    stamp = summary.stamp
+    if plan.fmt == "json":
+        body = {**report.to_dict(), "fingerprint": stamp}
+        out.pieces.append(HostPiece(sort_key, name, _dumps(body)))
+    else:
+        out.pieces.append(HostPiece(sort_key, name, b""))
+        out.extra.setdefault("reports", []).append(report)
+
+
+def _dumps(data: Any) -> bytes:
+    import json
+
+    return json.dumps(data, ensure_ascii=False).encode("utf-8", "surrogatepass")
+
+
+def _init(plan: Plan) -> None:
+    global _PLAN
+    _PLAN = plan
+
+
+def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+def default_jobs() -> int:
+    """Return how many processes a merge uses: the CPUs this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+class Pool:
+    """Runs a function over tasks in order: in worker processes, or here for one job."""
+
+    def __init__(self, jobs: int, initializer: Callable[..., None] | None = None,
+                 initargs: tuple[Any, ...] = ()) -> None:
+        self.jobs = jobs
+        self._pool: Any = None
+        if initializer is not None:
+            initializer(*initargs)
+        if jobs > 1:
+            import multiprocessing
+
+            # fork: the workers share the parent's imports and the plan set just above.
+            context = multiprocessing.get_context("fork")
+            self._pool = context.Pool(jobs)
+
+    def map(self, func: Callable[[Any], Any], tasks: Iterable[Any]) -> Iterator[Any]:
+        """Yield ``func(task)`` for each task, in the tasks' order."""
+        if self._pool is None:
+            return map(func, tasks)
+        result: Iterator[Any] = self._pool.imap(func, tasks, chunksize=1)
+        return result
+
+    def close(self) -> None:
+        """Stop the workers."""
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool.join()
+            self._pool = None
+
+
+# -- the merge -----------------------------------------------------------------------------
+
+
+class MergeError(Exception):
+    """A merge that cannot go on (no readable result, an unknown golden host)."""
+
+    def __init__(self, message: str, unreadable: Sequence[Unreadable] = ()) -> None:
+        super().__init__(message)
+        self.unreadable = list(unreadable)
+
+
+@dataclass
+class Merged:
+    """A merged fleet: the text view's figures, and the rendered output of other formats."""
+
+    fmt: str
+    partial: Partial
+    checks: list[str]
+    unreadable: list[Unreadable]
+    notes: list[str]
+    golden: str | None
+    hosts: int
+    exit_code: int
+    spool: IO[bytes] | None = None
+    extents: list[tuple[int, int]] = field(default_factory=list)
+
+    def chunks(self) -> Iterator[bytes]:
+        """Yield the rendered output (formats other than text) from the spool."""
+        if self.spool is None:
+            return
+        for offset, length in self.extents:
+            done = 0
+            while done < length:
+                piece = os.pread(self.spool.fileno(), min(length - done, 1 << 20),
+                                 offset + done)
+                if not piece:
+                    return
+                done += len(piece)
+                yield piece
+
+    def close(self) -> None:
+        """Drop the spool."""
+        if self.spool is not None:
+            self.spool.close()
+            self.spool = None
+
+
+def merge(paths: Sequence[str], fmt: str, *, golden: str | None = None,
+          fail_on: FailOn = FailOn.FAIL, jobs: int | None = None,
+          progress: Callable[[int, int], None] | None = None) -> Merged:
+    """Merge per-host result files into one fleet report in format ``fmt``."""
+    salt = secrets.token_bytes(16)
+    jobs = max(1, min(jobs or default_jobs(), (len(paths) + CHUNK_FILES - 1) // CHUNK_FILES))
+    chunks = list(_chunks(list(paths), CHUNK_FILES))
+    pool = Pool(jobs)
+    try:
+        indexes: list[FileIndex] = []
+        for found in pool.map(_index_chunk, ((c, salt, golden) for c in chunks)):
+            indexes.extend(found)
+            if progress is not None:
+                progress(len(indexes), 2 * len(paths))
+    finally:
+        pool.close()
+    unreadable = [Unreadable(paths[i], index.reason) for i, index in enumerate(indexes)
+                  if index.reason]
+    if not any(index.keys for index in indexes):
+        raise MergeError("no readable results to merge", unreadable)
+    try:
+        skip, notes, golden_at, names, pairs = _resolve(paths, indexes, salt, golden)
+    except MergeError as exc:
+        raise MergeError(str(exc), unreadable) from None
+    golden_state = None
+    if golden is not None:
+        try:
+            golden_state = _golden_state(paths, golden_at, golden)
+        except MergeError as exc:
+            raise MergeError(str(exc), unreadable) from None
+    plan = Plan(fmt, salt, golden, golden_state, fail_on, frozenset(names), frozenset(pairs))
+    tasks = []
+    for number, chunk in enumerate(chunks):
+        start = number * CHUNK_FILES
+        at = (golden_at[0] - start, golden_at[1]) if start <= golden_at[0] < start + len(
+            chunk) else (-1, -1)
+        tasks.append(Task(tuple(chunk), tuple(
+            None if indexes[start + i].reason else skip.get(start + i, frozenset())
+            for i in range(len(chunk))), at))
+    total = Partial()
+    assembler = _Assembler(fmt, golden)
+    pool = Pool(jobs, _init, (plan,))
+    try:
+        done = len(paths)
+        for number, reduced in enumerate(pool.map(_reduce_chunk, tasks)):
+            start = number * CHUNK_FILES
+            for index, reason in reduced.unreadable:
+                unreadable.append(Unreadable(paths[start + index], reason))
+            total.merge(reduced.partial)
+            assembler.add(reduced)
+            done += len(tasks[number].paths)
+            if progress is not None:
+                progress(done, 2 * len(paths))
+    finally:
+        pool.close()
+    unreadable.sort(key=lambda u: paths.index(u.path) if len(paths) < 10_000 else 0)
+    checks = sorted(total.check_order, key=total.check_order.__getitem__)
+    code = 3 if total.unaudited else (1 if total.trips else 0)
+    merged = Merged(fmt, total, checks, unreadable, notes, golden, total.hosts, code)
+    if fmt != "text":
+        assembler.finish(merged)
+    return merged
+
+
+def _resolve(paths: Sequence[str], indexes: Sequence[FileIndex], salt: bytes,
+             golden: str | None) -> tuple[dict[int, frozenset[int]], list[str],
+                                          tuple[int, int], set[int], set[int]]:
+    """Pick one report per host, find the golden host, and the names that collide."""
+    first: dict[int, tuple[int, int]] = {}
+    skip: dict[int, set[int]] = {}
+    notes: list[str] = []
+    for file_number, index in enumerate(indexes):
+        for doc_number, key in enumerate(index.keys):
+            seen = first.get(key.identity)
+            if seen is None:
+                first[key.identity] = (file_number, doc_number)
+                continue
+            keep, drop, note = _pick(paths, seen, (file_number, doc_number))
+            notes.append(note)
+            first[key.identity] = keep
+            skip.setdefault(drop[0], set()).add(drop[1])
+    kept = [(f, d) for f, d in first.values()]
+    names: Counter[int] = Counter()
+    pairs: Counter[int] = Counter()
+    golden_at = [(f, d) for f, d in kept if indexes[f].keys[d].golden]
+    for f, d in kept:
+        key = indexes[f].keys[d]
+        names[key.name] += 1
+        pairs[key.name_target] += 1
+    if golden is not None:
+        if not golden_at:
+            raise MergeError(f"golden host {golden!r} is not among the merged results (a host "
+                             "is named by its report's host or target, not its file)")
+        if len(golden_at) > 1:
+            raise MergeError(f"golden host {golden!r} names {len(golden_at)} machines: name "
+                             "one as 'HOST (TARGET)'")
+    return ({f: frozenset(d) for f, d in skip.items()}, notes,
+            golden_at[0] if golden_at else (-1, -1),
+            {k for k, n in names.items() if n > 1}, {k for k, n in pairs.items() if n > 1})
+
+
+def _load(path: str, number: int) -> ReportDoc:
+    raw = read_result(path)
+    docs = raw if isinstance(raw, OSError) else decode(raw)
+    if isinstance(docs, (OSError, str)) or number >= len(docs):
+        raise MergeError(f"{printable(path)}: changed while it was being merged")
+    return docs[number]
+
+
+def _pick(paths: Sequence[str], kept: tuple[int, int], other: tuple[int, int]
+          ) -> tuple[tuple[int, int], tuple[int, int], str]:
+    """Return which of two reports of one machine to keep, the other, and the note."""
+    ours, theirs = _load(paths[kept[0]], kept[1]), _load(paths[other[0]], other[1])
+    mine = report_of(ours, ours.host)
+    chosen, why = pick_report(mine, report_of(theirs, theirs.host))
+    keep, drop = (kept, other) if chosen is mine else (other, kept)
+    a, b = paths[kept[0]], paths[other[0]]
+    if ours.host == theirs.host and target_of(ours) == target_of(theirs):
+        what = f"{ours.host}: reported by {a} and {b}"
+    else:
+        what = (f"{ours.host} ({target_of(ours)}) and {theirs.host} ({target_of(theirs)}) are "
+                f"the same machine (machine id {machine_id(ours)[:12]}): reported by {a} and {b}")
+    return keep, drop, printable(f"{what}; keeping {paths[keep[0]]} ({why})")
+
+
+def _golden_state(paths: Sequence[str], at: tuple[int, int], golden: str) -> State:
+    doc = _load(paths[at[0]], at[1])
+    if doc.error:
+        raise MergeError(f"golden host {golden!r} could not be audited: pick another")
+    return state_of(doc)
+
+
+# -- formats that hold every host ----------------------------------------------------------
+
+
+class _Assembler:
+    """Spools the rendered pieces of each chunk and lays them out in the format's order."""
+
+    def __init__(self, fmt: str, golden: str | None) -> None:
+        self.fmt = fmt
+        self.golden = golden
+        # An unnamed file (O_TMPFILE where the file system has it): nobody else can open it.
+        self.spool: IO[bytes] = tempfile.TemporaryFile(prefix="host-auditor-merge-")
+        self.size = 0
+        #: (sort key, name, offset, length) per host.
+        self.pieces: list[tuple[SortKey, str, int, int]] = []
+        #: Prometheus: the extents of each block, chunk by chunk.
+        self.blocks: dict[str, list[tuple[int, int]]] = {}
+        self.hosts: list[tuple[Any, ...]] = []
+        self.reports: list[Report] = []
+
+    def _put(self, data: bytes) -> tuple[int, int]:
+        offset = self.size
+        self.spool.write(data)
+        self.size += len(data)
+        return offset, len(data)
+
+    def add(self, reduced: Reduced) -> None:
+        """Spool one chunk's pieces."""
+        for piece in reduced.pieces:
+            offset, length = self._put(piece.data)
+            self.pieces.append((piece.sort_key, piece.name, offset, length))
+        for name, data in reduced.blocks.items():
+            self.blocks.setdefault(name, []).append(self._put(data))
+        self.hosts.extend(reduced.extra.get("hosts", ()))
+        self.reports.extend(reduced.extra.get("reports", ()))
+
+    def finish(self, merged: Merged) -> None:
+        """Write the output's parts to the spool in order and hand it to ``merged``."""
+        extents: list[tuple[int, int]] = []
+        if self.fmt == "prometheus":
+            from auditor.prom import family_header
+
+            extents.extend(self.blocks.get("", []))
+            for name, parts in self.blocks.items():
+                if not name or not any(length for _, length in parts):
+                    continue
+                extents.append(self._put(family_header(name).encode()))
+                extents.extend(parts)
+        elif self.fmt == "line":
+            self.pieces.sort()
+            extents.extend((offset, length) for _, _, offset, length in self.pieces)
+        elif self.fmt == "json":
+            extents.extend(self._json(merged))
+        else:
+            extents.append(self._put(self._html(merged).encode("utf-8", "surrogatepass")))
+        self.spool.flush()
+        merged.spool = self.spool
+        merged.extents = extents
+
+    def _summary(self, merged: Merged) -> dict[str, Any]:
+        partial = merged.partial
+        counts = {s.value: partial.finding_counts.get(s.value, 0) for s in Status}
+        counts["waived"] = partial.waived
+        return {
+            "hosts": partial.hosts,
+            "unreachable": len(partial.unreachable),
+            "hosts_by_status": {s.value: partial.host_counts.get(s.value, 0) for s in Status},
+            "checks": {check: {s.value: partial.check_counts[check].get(s.value, 0)
+                               for s in Status} for check in merged.checks},
+            "findings": counts,
+        }
+
+    def _fingerprint_groups(self) -> list[tuple[str, list[str]]]:
+        ordered = sorted(self.hosts, key=lambda h: h[0])
+        groups: dict[str, list[str]] = {}
+        for _, name, stamp, _, _, audited in ordered:
+            if audited:
+                groups.setdefault(stamp, []).append(name)
+        return sorted(groups.items(), key=lambda item: (-len(item[1]), item[0]))
+
+    def _json(self, merged: Merged) -> list[tuple[int, int]]:
+        head: dict[str, Any] = {
+            "summary": self._summary(merged),
+            "unreadable": [{"path": u.path, "reason": u.reason} for u in merged.unreadable],
+            "notes": list(merged.notes),
+            "fingerprints": dict(self._fingerprint_groups()),
+            "grid": {name: cells for _, name, _, cells, _, _ in self.hosts},
+        }
+        if self.golden is not None:
+            found = {name: diff for _, name, _, _, diff, _ in self.hosts if diff is not None}
+            head["golden"] = {
+                "host": self.golden,
+                "same": sorted(h for h, d in found.items() if not d),
+                "differ": {h: [_difference_dict(d) for d in diffs]
+                           for h, diffs in sorted(found.items()) if diffs},
+            }
+        text = _dumps_indented(head)
+        self.pieces.sort()
+        extents = [self._put(text[:-2].encode("utf-8", "surrogatepass") + b',\n "hosts": [\n')]
+        for number, (_, _, offset, length) in enumerate(self.pieces):
+            if number:
+                extents.append(self._put(b",\n"))
+            extents.append((offset, length))
+        extents.append(self._put(b"\n ]\n}\n"))
+        return extents
+
+    def _html(self, merged: Merged) -> str:
+        from auditor.fleet import FleetView, _fleet_view
+        from auditor.render import render_merge
+        from auditor.results import LoadedResults
+
+        # HTML shows every finding of every host: the chunks' reports, laid out as in a
+        # single run (its rendering is the same template).
+        view: FleetView = _fleet_view(LoadedResults(reports=self.reports,
+                                                    unreadable=merged.unreadable,
+                                                    notes=merged.notes), self.golden)
+        return render_merge(view, "html")
+
+
+def _difference_dict(d: Sequence[str]) -> dict[str, Any]:
+    return {"check": d[0], "subject": d[1], "aspect": d[6],
+            "golden": {"status": d[2], "observed": d[3]},
+            "host": {"status": d[4], "observed": d[5]}}
+
+
+def _dumps_indented(data: Any) -> str:
+    import json
+
+    return json.dumps(data, indent=1, ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class TextView:
+    """What the text fleet report shows (templates/merge.txt.j2)."""
+
+    hosts: int
+    host_counts: dict[str, int]
+    skipped_hosts: int
+    checks: list[str]
+    check_counts: dict[str, dict[str, int]]
+    unreachable: list[tuple[str, str]]
+    #: (status, check, subject, how many hosts, the first hosts), worst first.
+    problems: list[tuple[str, str, str, int, list[str]]]
+    #: (fingerprint, how many hosts, the first hosts), largest groups first.
+    groups: list[tuple[str, int, list[str]]]
+    golden: str | None
+    compared: int
+    differ_total: int
+    differ: list[tuple[str, int, list[Any]]]
+    unreadable: list[Unreadable]
+    notes: list[str]
+
+
+def text_view(merged: Merged) -> TextView:
+    """Return the text report's view of a merge."""
+    from auditor.fleet import Difference
+
+    partial = merged.partial
+    every = [s.value for s in Status]
+    problems = sorted(
+        ((status, check, label, count, [name for _, name in sorted(first)])
+         for (status, check, label), (count, first) in partial.problems.items()),
+        key=lambda p: (-_ORDER[p[0]], -p[3], p[:3]))
+    groups = sorted(((stamp, count, [name for _, name in sorted(first)])
+                     for stamp, (count, first) in partial.groups.items()),
+                    key=lambda g: (-g[1], g[0]))
+    return TextView(
+        hosts=partial.hosts,
+        host_counts={s: partial.host_counts.get(s, 0) for s in every},
+        skipped_hosts=partial.skipped_hosts,
+        checks=merged.checks,
+        check_counts={c: {s: partial.check_counts[c].get(s, 0) for s in every}
+                      for c in merged.checks},
+        unreachable=sorted(partial.unreachable),
+        problems=problems,
+        groups=groups,
+        golden=merged.golden,
+        compared=partial.compared,
+        differ_total=partial.differ_total,
+        differ=[(host, count, [Difference(*d) for d in found])
+                for host, count, found in sorted(partial.differ)],
+        unreadable=merged.unreadable,
+        notes=merged.notes,
+    )
+
+
+__all__ = ["MAX_RESULT", "MergeError", "Merged", "merge", "text_view"]
