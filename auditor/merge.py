@@ -29,6 +29,7 @@ host name stay two hosts, shown as ``name (target)``.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import heapq
 import os
@@ -289,7 +290,7 @@ def differences(reference: State, state: State) -> list[tuple[str, ...]]:
 SortKey = tuple[int, str]
 
 
-def _top(items: Iterable[SortKey], limit: int = LIMIT) -> list[SortKey]:
+def _top(items: Iterable[SortKey], limit: int) -> list[SortKey]:
     return heapq.nsmallest(limit, items)
 
 
@@ -316,6 +317,8 @@ class Partial:
     differ_total: int = 0
     unaudited: bool = False
     trips: bool = False
+    #: How many hosts of each fingerprint group are kept (the HTML page lists 50).
+    keep: int = LIMIT
 
     def merge(self, other: Partial) -> None:
         """Add another chunk's partial to this one."""
@@ -330,8 +333,8 @@ class Partial:
         self.finding_counts.update(other.finding_counts)
         self.waived += other.waived
         self.unreachable.extend(other.unreachable)
-        _merge_groups(self.problems, other.problems)
-        _merge_groups(self.groups, other.groups)
+        _merge_groups(self.problems, other.problems, LIMIT)
+        _merge_groups(self.groups, other.groups, self.keep)
         self.compared += other.compared
         self.differ = heapq.nsmallest(4 * LIMIT, self.differ + other.differ)
         self.differ_total += other.differ_total
@@ -339,24 +342,25 @@ class Partial:
         self.trips = self.trips or other.trips
 
 
-def _merge_groups(into: dict[Any, list[Any]], other: dict[Any, list[Any]]) -> None:
+def _merge_groups(into: dict[Any, list[Any]], other: dict[Any, list[Any]], keep: int) -> None:
     for key, (count, first) in other.items():
         mine = into.get(key)
         if mine is None:
             into[key] = [count, first]
         else:
             mine[0] += count
-            mine[1] = _top(mine[1] + first)
+            mine[1] = _top(mine[1] + first, keep)
 
 
-def _add_to_group(groups: dict[Any, list[Any]], key: Any, sort_key: SortKey) -> None:
+def _add_to_group(groups: dict[Any, list[Any]], key: Any, sort_key: SortKey,
+                  keep: int = LIMIT) -> None:
     entry = groups.get(key)
     if entry is None:
         groups[key] = [1, [sort_key]]
         return
     entry[0] += 1
     first = entry[1]
-    if len(first) < LIMIT:
+    if len(first) < keep:
         first.append(sort_key)
     elif sort_key < max(first):
         first.remove(max(first))
@@ -488,7 +492,7 @@ def reduce_text(partial: Partial, doc: ReportDoc, name: str, golden: State | Non
         partial.unreachable.append((name, doc.error))
         partial.unaudited = True
         return summary
-    _add_to_group(partial.groups, summary.stamp, sort_key)
+    _add_to_group(partial.groups, summary.stamp, sort_key, partial.keep)
     found = summary.found
     if found is not None:
         partial.compared += 1
@@ -546,6 +550,8 @@ class Plan:
     fail_on: FailOn
     names: frozenset[int]
     pairs: frozenset[int]
+    #: The page's columns (html: known after a first reduce pass; None in that pass).
+    checks: tuple[str, ...] | None = None
 
 
 class Task(NamedTuple):
@@ -574,6 +580,8 @@ class Reduced:
     unreadable: list[tuple[int, str]] = field(default_factory=list)
     #: The rendered hosts (json, html, line) or blocks (prometheus) of the chunk.
     pieces: list[HostPiece] = field(default_factory=list)
+    #: html: each differing host's rows of the golden-diff table.
+    diffs: list[HostPiece] = field(default_factory=list)
     blocks: dict[str, bytes] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -584,7 +592,7 @@ _PLAN: Plan | None = None
 def _reduce_chunk(task: Task) -> Reduced:
     assert _PLAN is not None
     plan = _PLAN
-    out = Reduced(Partial())
+    out = Reduced(Partial(keep=50 if plan.fmt == "html" else LIMIT))
     reports: list[Report] = []
     for index, (path, skip) in enumerate(zip(task.paths, task.skip, strict=True)):
         if skip is None:
@@ -599,8 +607,10 @@ def _reduce_chunk(task: Task) -> Reduced:
                 continue
             name = display_names(doc, plan.salt, plan.names, plan.pairs)
             is_golden = (index, number) == task.golden
-            if plan.fmt == "text":
+            if plan.fmt == "text" or (plan.fmt == "html" and plan.checks is None):
                 reduce_text(out.partial, doc, name, plan.golden_state, is_golden, plan.fail_on)
+            elif plan.fmt == "html":
+                _render_row(out, doc, name, plan, is_golden)
             else:
                 _reduce_rendered(out, doc, name, plan, is_golden, reports)
     if plan.fmt == "prometheus" and reports:
@@ -638,6 +648,33 @@ def _reduce_rendered(out: Reduced, doc: ReportDoc, name: str, plan: Plan, is_gol
     else:
         out.pieces.append(HostPiece(sort_key, name, b""))
         out.extra.setdefault("reports", []).append(report)
+
+
+_PARTS: Any = None
+
+
+def _render_row(out: Reduced, doc: ReportDoc, name: str, plan: Plan, is_golden: bool) -> None:
+    """Render one host's row of the fleet page (and its golden-diff rows)."""
+    global _PARTS
+    from auditor.fleet import Cell, Difference
+
+    if _PARTS is None:
+        from auditor.render import make_environment
+
+        _PARTS = make_environment("html").get_template("fleet_parts.html.j2").module
+    assert plan.checks is not None
+    summary = summarize(doc, plan.golden_state, is_golden, plan.fail_on)
+    report = report_of(doc, name)
+    differs = {d[0] for d in summary.found or ()}
+    row = {r.check: Cell(status=summary.cells[r.check], findings=r.findings,
+                         differs=r.check in differs) for r in report.results}
+    html = str(_PARTS.host_row(report, row, summary.status, summary.stamp, plan.golden,
+                               list(plan.checks)))
+    sort_key: SortKey = (-_ORDER[summary.status], name)
+    out.pieces.append(HostPiece(sort_key, name, html.encode("utf-8", "surrogatepass")))
+    if summary.found:
+        rows = str(_PARTS.diff_rows(name, [Difference(*d) for d in summary.found]))
+        out.diffs.append(HostPiece((0, name), name, rows.encode("utf-8", "surrogatepass")))
 
 
 def _dumps(data: Any) -> bytes:
@@ -755,7 +792,7 @@ def merge(paths: Sequence[str], fmt: str, *, golden: str | None = None,
         for found in pool.map(_index_chunk, ((c, salt, golden) for c in chunks)):
             indexes.extend(found)
             if progress is not None:
-                progress(len(indexes), 2 * len(paths))
+                progress(len(indexes), len(paths) * (3 if fmt == "html" else 2))
     finally:
         pool.close()
     unreadable = [Unreadable(paths[i], index.reason) for i, index in enumerate(indexes)
@@ -781,23 +818,30 @@ def merge(paths: Sequence[str], fmt: str, *, golden: str | None = None,
         tasks.append(Task(tuple(chunk), tuple(
             None if indexes[start + i].reason else skip.get(start + i, frozenset())
             for i in range(len(chunk))), at))
-    total = Partial()
+    total = Partial(keep=50 if fmt == "html" else LIMIT)
     assembler = _Assembler(fmt, golden)
-    pool = Pool(jobs, _init, (plan,))
-    try:
-        done = len(paths)
-        for number, reduced in enumerate(pool.map(_reduce_chunk, tasks)):
-            start = number * CHUNK_FILES
-            for index, reason in reduced.unreadable:
-                unreadable.append(Unreadable(paths[start + index], reason))
-            total.merge(reduced.partial)
-            assembler.add(reduced)
-            done += len(tasks[number].paths)
-            if progress is not None:
-                progress(done, 2 * len(paths))
-    finally:
-        pool.close()
-    unreadable.sort(key=lambda u: paths.index(u.path) if len(paths) < 10_000 else 0)
+    passes = [plan]
+    if fmt == "html":  # a first pass finds the page's columns, the second renders its rows
+        passes.append(plan)
+    for number, this in enumerate(passes):
+        if number:
+            checks = sorted(total.check_order, key=total.check_order.__getitem__)
+            this = dataclasses.replace(this, checks=tuple(checks))
+        pool = Pool(jobs, _init, (this,))
+        try:
+            for chunk, reduced in enumerate(pool.map(_reduce_chunk, tasks)):
+                start = chunk * CHUNK_FILES
+                if number == len(passes) - 1:
+                    unreadable.extend(Unreadable(paths[start + index], reason)
+                                      for index, reason in reduced.unreadable)
+                if number == 0:
+                    total.merge(reduced.partial)
+                assembler.add(reduced)
+                if progress is not None:
+                    progress(len(paths) * (1 + number) + start + len(tasks[chunk].paths),
+                             len(paths) * (1 + len(passes)))
+        finally:
+            pool.close()
     checks = sorted(total.check_order, key=total.check_order.__getitem__)
     code = 3 if total.unaudited else (1 if total.trips else 0)
     merged = Merged(fmt, total, checks, unreadable, notes, golden, total.hosts, code)
@@ -891,7 +935,8 @@ class _Assembler:
         #: Prometheus: the extents of each block, chunk by chunk.
         self.blocks: dict[str, list[tuple[int, int]]] = {}
         self.hosts: list[tuple[Any, ...]] = []
-        self.reports: list[Report] = []
+        #: html: (host, offset, length) of each differing host's golden-diff rows.
+        self.diffs: list[tuple[str, int, int]] = []
 
     def _put(self, data: bytes) -> tuple[int, int]:
         offset = self.size
@@ -906,8 +951,10 @@ class _Assembler:
             self.pieces.append((piece.sort_key, piece.name, offset, length))
         for name, data in reduced.blocks.items():
             self.blocks.setdefault(name, []).append(self._put(data))
+        for piece in reduced.diffs:
+            offset, length = self._put(piece.data)
+            self.diffs.append((piece.name, offset, length))
         self.hosts.extend(reduced.extra.get("hosts", ()))
-        self.reports.extend(reduced.extra.get("reports", ()))
 
     def finish(self, merged: Merged) -> None:
         """Write the output's parts to the spool in order and hand it to ``merged``."""
@@ -927,7 +974,7 @@ class _Assembler:
         elif self.fmt == "json":
             extents.extend(self._json(merged))
         else:
-            extents.append(self._put(self._html(merged).encode("utf-8", "surrogatepass")))
+            extents.extend(self._html(merged))
         self.spool.flush()
         merged.spool = self.spool
         merged.extents = extents
@@ -979,17 +1026,27 @@ class _Assembler:
         extents.append(self._put(b"\n ]\n}\n"))
         return extents
 
-    def _html(self, merged: Merged) -> str:
-        from auditor.fleet import FleetView, _fleet_view
-        from auditor.render import render_merge
-        from auditor.results import LoadedResults
+    def _html(self, merged: Merged) -> list[tuple[int, int]]:
+        from auditor.render import make_environment
 
-        # HTML shows every finding of every host: the chunks' reports, laid out as in a
-        # single run (its rendering is the same template).
-        view: FleetView = _fleet_view(LoadedResults(reports=self.reports,
-                                                    unreadable=merged.unreadable,
-                                                    notes=merged.notes), self.golden)
-        return render_merge(view, "html")
+        parts: Any = make_environment("html").get_template("fleet_parts.html.j2").module
+        view = text_view(merged)
+
+        def put(html: Any) -> tuple[int, int]:
+            return self._put(str(html).encode("utf-8", "surrogatepass"))
+
+        extents = [put(parts.head(view.hosts, view.host_counts, view.skipped_hosts,
+                                  len(view.unreadable), view.golden, view.checks))]
+        self.pieces.sort()
+        extents.extend((offset, length) for _, _, offset, length in self.pieces)
+        extents.append(put(parts.grid_end()))
+        if self.golden is not None:
+            self.diffs.sort()
+            extents.append(put(parts.diff_head(self.golden, view.differ_total, view.compared)))
+            extents.extend((offset, length) for _, offset, length in self.diffs)
+            extents.append(put(parts.diff_end(view.differ_total)))
+        extents.append(put(parts.tail(view.groups, view.unreadable, view.notes)))
+        return extents
 
 
 def _difference_dict(d: Sequence[str]) -> dict[str, Any]:

@@ -428,7 +428,8 @@ def render_merge(view: FleetView, fmt: str, *, limit: int = 10) -> str:
     if fmt == "text":
         raise ValueError("the text fleet report is render_merged_text's (auditor.merge)")
     env = make_environment("html")
-    return env.get_template("fleet.html.j2").render(view=view, limit=limit)
+    groups = [(stamp, len(hosts), hosts) for stamp, hosts in view.groups]
+    return env.get_template("fleet.html.j2").render(view=view, groups=groups, limit=limit)
 
 
 # -- fix scripts ---------------------------------------------------------------------------
