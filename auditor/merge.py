@@ -829,8 +829,8 @@ def merge(paths: Sequence[str], fmt: str, *, golden: str | None = None,
             this = dataclasses.replace(this, checks=tuple(checks))
         pool = Pool(jobs, _init, (this,))
         try:
-            for chunk, reduced in enumerate(pool.map(_reduce_chunk, tasks)):
-                start = chunk * CHUNK_FILES
+            for at_chunk, reduced in enumerate(pool.map(_reduce_chunk, tasks)):
+                start = at_chunk * CHUNK_FILES
                 if number == len(passes) - 1:
                     unreadable.extend(Unreadable(paths[start + index], reason)
                                       for index, reason in reduced.unreadable)
@@ -838,7 +838,7 @@ def merge(paths: Sequence[str], fmt: str, *, golden: str | None = None,
                     total.merge(reduced.partial)
                 assembler.add(reduced)
                 if progress is not None:
-                    progress(len(paths) * (1 + number) + start + len(tasks[chunk].paths),
+                    progress(len(paths) * (1 + number) + start + len(tasks[at_chunk].paths),
                              len(paths) * (1 + len(passes)))
         finally:
             pool.close()
