@@ -115,6 +115,8 @@ class ReportDoc(msgspec.Struct, gc=False):
     timing: dict[str, float] = {}
     tool: ToolDoc | None = None
     policy: dict[str, str] = {}
+    name: str = ""
+    aliases: list[str] = []
 
 
 _STRICT = msgspec.json.Decoder(ReportDoc)
@@ -199,23 +201,32 @@ def _identity(doc: ReportDoc) -> tuple[str, ...]:
     return ("m", mid, doc.host) if mid else ("h", doc.host)
 
 
+def shown(doc: ReportDoc) -> str:
+    """Return the name a host is listed by (:attr:`auditor.model.Report.identity`)."""
+    if doc.name and doc.name != doc.host:
+        return f"{doc.name} ({doc.host})"
+    return doc.name or doc.host
+
+
 def display_names(doc: ReportDoc, salt: bytes, names: frozenset[int],
                   pairs: frozenset[int]) -> str:
-    """Return the name a host is shown by: its host name, made unique where names collide."""
-    if _hash(salt, doc.host) not in names:
-        return doc.host
+    """Return the name a host is shown by, made unique where two machines share one
+    (:func:`auditor.fleet.row_names`: the connection, then the machine id, beside it)."""
+    name = shown(doc)
+    if _hash(salt, name) not in names:
+        return name
     target = target_of(doc)
-    if _hash(salt, doc.host, target) not in pairs:
-        return f"{doc.host} ({target})"
+    if _hash(salt, name, target) not in pairs:
+        return f"{name} [{target}]"
     mid = machine_id(doc)
-    return f"{doc.host} ({target}, {mid[:12]})" if mid else f"{doc.host} ({target})"
+    return f"{name} [{target}, {mid[:12]}]" if mid else f"{name} [{target}]"
 
 
 def _matches_golden(doc: ReportDoc, golden: str | None) -> bool:
     if golden is None:
         return False
-    target = target_of(doc)
-    return golden in (doc.host, target, f"{doc.host} ({target})")
+    name = shown(doc)
+    return golden in (doc.host, doc.name, name, f"{name} [{target_of(doc)}]")
 
 
 # -- the index pass ------------------------------------------------------------------------
@@ -236,8 +247,8 @@ def _index_file(path: str, salt: bytes, golden: str | None) -> FileIndex:
     if isinstance(docs, str):
         return FileIndex((), docs)
     return FileIndex(tuple(
-        DocKey(_hash(salt, *_identity(doc)), _hash(salt, doc.host),
-               _hash(salt, doc.host, target_of(doc)), _matches_golden(doc, golden))
+        DocKey(_hash(salt, *_identity(doc)), _hash(salt, shown(doc)),
+               _hash(salt, shown(doc), target_of(doc)), _matches_golden(doc, golden))
         for doc in docs), "")
 
 
@@ -511,8 +522,8 @@ def reduce_text(partial: Partial, doc: ReportDoc, name: str, golden: State | Non
 # -- typed documents back to reports -------------------------------------------------------
 
 
-def report_of(doc: ReportDoc, name: str) -> Report:
-    """Return the report a typed document holds, shown under ``name``."""
+def report_of(doc: ReportDoc, name: str | None = None) -> Report:
+    """Return the report a typed document holds (listed as ``name``, where given)."""
     findings_by_check = grouped(doc)
     durations = {c.check: c.duration_s for c in doc.checks}
     results = []
@@ -528,7 +539,9 @@ def report_of(doc: ReportDoc, name: str) -> Report:
             findings.append(finding)
         results.append(CheckResult(check, durations.get(check, 0.0), tuple(findings)))
     return Report(
-        host=name, target=target_of(doc), started=doc.started, duration_s=doc.duration_s,
+        host=doc.host if name is None else name, target=target_of(doc), started=doc.started,
+        duration_s=doc.duration_s, name="" if name is not None else doc.name,
+        aliases=tuple(doc.aliases),
         results=tuple(results), facts=tuple(doc.facts.items()), error=doc.error,
         timing=tuple((k.removesuffix("_s"), v) for k, v in doc.timing.items()),
         version=doc.tool.version if doc.tool is not None else "",
@@ -627,7 +640,7 @@ def _reduce_rendered(out: Reduced, doc: ReportDoc, name: str, plan: Plan, is_gol
                      reports: list[Report]) -> None:
     """Add one host to a chunk of a format that holds every host."""
     reduce_text(out.partial, doc, name, plan.golden_state, is_golden, plan.fail_on)
-    report = report_of(doc, name)
+    report = report_of(doc, None if plan.fmt in ("json", "prometheus") else name)
     sort_key: SortKey = (-report.status.order, name)
     if plan.fmt == "prometheus":
         reports.append(report)
@@ -899,8 +912,8 @@ def _pick(paths: Sequence[str], kept: tuple[int, int], other: tuple[int, int]
           ) -> tuple[tuple[int, int], tuple[int, int], str]:
     """Return which of two reports of one machine to keep, the other, and the note."""
     ours, theirs = _load(paths[kept[0]], kept[1]), _load(paths[other[0]], other[1])
-    mine = report_of(ours, ours.host)
-    chosen, why = pick_report(mine, report_of(theirs, theirs.host))
+    mine = report_of(ours)
+    chosen, why = pick_report(mine, report_of(theirs))
     keep, drop = (kept, other) if chosen is mine else (other, kept)
     a, b = paths[kept[0]], paths[other[0]]
     if ours.host == theirs.host and target_of(ours) == target_of(theirs):

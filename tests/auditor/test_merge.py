@@ -1,0 +1,181 @@
+"""``audit merge`` at fleet scale: the same report on any number of processes, one machine
+once, each bad input on its own, strict JSON in and out.
+
+The results are the real H200 report kept in tests/fixtures/hosts, varied per host as a
+fleet's would be (names, machine ids, a planted failure here and there).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from auditor.cli import main
+from auditor.merge import CHUNK_FILES, decode, merge, text_view
+from auditor.model import FailOn, Report, fingerprint
+from auditor.results import load_results
+
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "hosts" / "h200-lent-vm.report.json"
+FORMATS = ("text", "json", "html", "prometheus", "line")
+
+
+def template() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(FIXTURE.read_text())
+    return data
+
+
+def host_report(index: int, rng: random.Random, **changes: Any) -> dict[str, Any]:
+    """Return the fixture's report as fleet host ``index`` would write it."""
+    report = copy.deepcopy(template())
+    report["host"] = report["target"] = f"gpu-{index:04d}"
+    report["facts"]["machine_id"] = f"{index:032x}"
+    report["started"] = f"2026-12-03T04:{index // 60 % 60:02d}:{index % 60:02d}+00:00"
+    for finding in report["findings"]:
+        finding["host"] = report["host"]
+        if finding["status"] == "pass" and rng.random() < 0.08:
+            finding["status"] = rng.choice(["warn", "fail"])
+            finding["observed"] = rng.choice(["1", "powersave", "512"])
+    report.update(changes)
+    return report
+
+
+def write(folder: Path, name: str, data: Any) -> Path:
+    path = folder / name
+    path.write_text(json.dumps(data, indent=1))
+    return path
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Path:
+    """Write 3 chunks' worth of results: several worker processes get work."""
+    folder = tmp_path / "results"
+    folder.mkdir()
+    rng = random.Random(28)
+    for index in range(2 * CHUNK_FILES + 17):
+        write(folder, f"{index:04d}.json", host_report(index, rng))
+    down = host_report(9999, rng, findings=[], checks=[], error="gpu-9999: connection refused")
+    write(folder, "down.json", down)
+    return folder
+
+
+def merged_output(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(["merge", *args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_any_number_of_processes_gives_the_same_bytes(
+    fleet: Path, capsys: pytest.CaptureFixture[str], fmt: str,
+) -> None:
+    one = merged_output(capsys, str(fleet), "--format", fmt, "--golden", "gpu-0001", "-j", "1")
+    three = merged_output(capsys, str(fleet), "--format", fmt, "--golden", "gpu-0001",
+                          "-j", "3")
+    assert one[0] == three[0] == 3  # one host could not be audited
+    assert one[1] == three[1] and one[1]
+
+
+def test_text_figures_match_the_reports(fleet: Path) -> None:
+    paths = sorted(str(p) for p in fleet.iterdir())
+    merged = merge(paths, "text", golden="gpu-0001", jobs=2)
+    view = text_view(merged)
+    reports = load_results(paths).reports
+    assert view.hosts == len(reports) == 2 * CHUNK_FILES + 18
+    assert sum(view.host_counts.values()) == view.hosts
+    assert view.host_counts["error"] == 1 and view.unreachable == [
+        ("gpu-9999", "gpu-9999: connection refused")]
+    # The fingerprint groups are the model's fingerprints, counted.
+    stamps: dict[str, int] = {}
+    for report in reports:
+        if not report.error:
+            stamps[fingerprint(report)] = stamps.get(fingerprint(report), 0) + 1
+    assert {stamp: count for stamp, count, _ in view.groups} == stamps
+    # Every host but the golden one and the unreachable one is compared.
+    assert view.compared == len(reports) - 2
+    assert merged.exit_code == 3
+
+
+def test_two_machines_with_one_name_stay_two_and_one_machine_is_said_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    rng = random.Random(1)
+    first = host_report(1, rng, host="ubuntu", target="10.0.0.1")
+    second = host_report(2, rng, host="ubuntu", target="10.0.0.2")
+    # The first machine again, reached under another name, an hour later.
+    again = copy.deepcopy(first)
+    again["target"], again["started"] = "node-a", "2026-12-03T05:00:00+00:00"
+    for name, data in (("a.json", first), ("b.json", second), ("c.json", again)):
+        write(tmp_path, name, data)
+    files = [str(tmp_path / n) for n in ("a.json", "b.json", "c.json")]
+    code, out, err = merged_output(capsys, *files, "--format", "json")
+    assert code in (0, 1)
+    document = json.loads(out)
+    assert document["summary"]["hosts"] == 2
+    assert sorted(h["facts"]["machine_id"] for h in document["hosts"]) == [
+        f"{1:032x}", f"{2:032x}"]
+    assert [h["target"] for h in document["hosts"] if h["facts"]["machine_id"]
+            == f"{1:032x}"] == ["node-a"]  # the newer report of that machine
+    [note] = [line for line in err.splitlines() if "same machine" in line]
+    assert "ubuntu (10.0.0.1) and ubuntu (node-a) are the same machine" in note
+    _, text, _ = merged_output(capsys, *files)
+    assert "host-auditor fleet: 2 hosts" in text
+    _, prom, _ = merged_output(capsys, *files, "--format", "prometheus")
+    up = [s for family in text_string_to_metric_families(prom)
+          if family.name == "host_auditor_up" for s in family.samples]
+    assert len(up) == 2 and len({tuple(sorted(s.labels.items())) for s in up}) == 2
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (b'{"host": "x", "duration_s": 1' + b"1" * 5000 + b"}", "not valid JSON"),
+        (b'{"host": "x\\ud800", "findings": []}', "not valid JSON"),
+        (b'{"host": "x", "duration_s": NaN}', "not valid JSON"),
+        (b'{"host": "x", "duration_s": -Infinity}', "not valid JSON"),
+        (b'{"host": "x", "duration_s": 1e999}', "not valid JSON"),
+        (b'{"host": "x", "facts": {"n": ' + b"9" * 5000 + b"}}", "not valid JSON"),
+    ],
+)
+def test_a_bad_input_is_left_out_alone_and_every_number_written_is_finite(
+    fleet: Path, capsys: pytest.CaptureFixture[str], content: bytes, reason: str,
+) -> None:
+    (fleet / "zz-bad.json").write_bytes(content)
+    code, out, err = merged_output(capsys, str(fleet), "--format", "json")
+    assert code == 2
+    [line] = [line for line in err.splitlines() if "zz-bad.json" in line]
+    assert reason in line and "left out of the merge" in line
+    document = json.loads(out, parse_constant=lambda name: pytest.fail(f"{name} written"))
+    assert document["summary"]["hosts"] == 2 * CHUNK_FILES + 18
+    assert all(math.isfinite(h["duration_s"]) for h in document["hosts"])
+
+
+def test_decode_reads_what_audit_writes_and_what_only_the_model_reads() -> None:
+    written = json.dumps(Report.from_dict(template()).to_dict()).encode()
+    [doc] = decode(written)
+    assert doc.host == "vm" and len(doc.findings) == 24
+    # Evidence with a number and a merged fleet file go the model's tolerant way.
+    odd = template()
+    odd["findings"][0]["evidence"] = {"count": 3}
+    [doc] = decode(json.dumps({"hosts": [odd]}).encode())
+    assert doc.findings[0].evidence == {"count": "3"}
+    assert decode(b'{"host": "x", "findings": [{"check": "a", "status": "bogus"}]}'
+                  ).startswith("not an audit report")  # type: ignore[union-attr]
+
+
+def test_exit_code_follows_fail_on(tmp_path: Path) -> None:
+    rng = random.Random(3)
+    report = host_report(1, rng)
+    for finding in report["findings"]:
+        if finding["status"] in ("fail", "error"):
+            finding["status"] = "warn"
+    report["findings"][0]["status"] = "warn"
+    path = write(tmp_path, "a.json", report)
+    assert merge([str(path)], "text", jobs=1).exit_code == 0
+    assert merge([str(path)], "text", fail_on=FailOn.WARN, jobs=1).exit_code == 1
