@@ -34,7 +34,8 @@ def test_the_build_carries_no_compiled_code_and_no_ssh() -> None:
     assert "__main__.py" in names and "auditor/cli/__init__.py" in names
     assert "auditor/templates/report.txt.j2" in names
     assert not [n for n in names if n.endswith((".so", ".pyd"))]
-    assert not [n for n in names if n.split("/")[0] in ("paramiko", "fabric", "psutil")]
+    assert not [n for n in names if n.split("/")[0] in ("paramiko", "fabric", "psutil",
+                                                         "msgspec")]
     assert os.access(audit_pyz(), os.X_OK)
     assert audit_pyz().read_bytes().startswith(b"#!/usr/bin/env python3\n")
 
@@ -75,6 +76,14 @@ def test_ssh_is_one_line_saying_what_to_install(tmp_path: Path) -> None:
     proc = bare("host", "gpu-01", cwd=tmp_path)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and "pip install host-auditor" in proc.stderr
+
+
+def test_merge_is_one_line_saying_where_it_runs(tmp_path: Path) -> None:
+    (tmp_path / "a.json").write_text('{"host": "gpu-01", "findings": []}')
+    proc = bare("merge", "a.json", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and "msgspec" in proc.stderr
+    assert "pip install" in proc.stderr
 
 
 def test_process_names_without_psutil_are_psutils(tmp_path: Path) -> None:

@@ -158,7 +158,11 @@ def merge_command(
         help="Processes that read and reduce the files (default: one per CPU).")] = None,
 ) -> None:
     """Merge per-host JSON results into one fleet report; diff against a golden host."""
-    from auditor.merge import MergeError, merge, text_view
+    try:
+        from auditor.merge import MergeError, merge, text_view
+    except ImportError as exc:  # the single-file build carries no compiled code
+        fatal(f"audit merge needs {exc.name or 'msgspec'}: run it where host-auditor is "
+              "installed from its wheel (pip install .)", EXIT_USAGE)
     from auditor.render import render_merged_text
 
     fmt = infer_format(fmt, output, MERGE_FORMATS)
