@@ -111,7 +111,9 @@ def test_merge_exit_codes_follow_audit_when_every_input_reads(
     code, out, _ = merge(capsys, str(clean), str(failing))
     assert code == 1
     assert re.search(r"FAIL\s+numa\.balancing kernel: 1 host: gpu-02", out)
-    assert merge(capsys, "--format", "json", "-o", "/dev/null", str(clean))[0] == 0
+    out_file = clean.parent.parent / "fleet.json"  # -o onto a device is refused (hostile suite)
+    assert merge(capsys, "--format", "json", "-o", str(out_file), str(clean))[0] == 0
+    assert json.loads(out_file.read_text())["summary"]["hosts"] == 1
     assert merge(capsys)[0] == 2  # no inputs at all is a usage error
 
 

@@ -24,6 +24,9 @@ PUBLISHED_HELP = {
     "host_auditor_last_run_timestamp_seconds": "When the audit started (Unix time).",
     "host_auditor_duration_seconds": "How long the audit took.",
     "host_auditor_tuning_info": "Fingerprint of the host's tuned state (audit fingerprint).",
+    # Added with audit probe; a new metric is an addition, a published text never changes.
+    "host_auditor_measurement":
+        "A figure a probe measured (audit probe): the metric label names it and its unit.",
 }
 
 
