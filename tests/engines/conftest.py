@@ -31,7 +31,13 @@ def _host_factory() -> tuple[Path, Callable[..., Path]]:
 
     def factory(spec: HostSpec | None = None, **fields: object) -> Path:
         chosen = spec or HostSpec(**fields)  # type: ignore[arg-type]
-        return build_host(chosen).write_dir(parent / f"{chosen.hostname}-{next(counter)}")
+        tree = build_host(chosen)
+        # The engines' node is an RDMA node set up as rdma-core's package sets one up (its
+        # limits file): its problems are the six planted ones, not rdma.memlock.
+        tree.put("/etc/security/limits.d/rdma.conf",
+                 "*       soft    memlock         unlimited\n"
+                 "*       hard    memlock         unlimited\n")
+        return tree.write_dir(parent / f"{chosen.hostname}-{next(counter)}")
 
     return parent, factory
 

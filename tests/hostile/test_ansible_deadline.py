@@ -63,7 +63,7 @@ def lab() -> Iterator[Lab]:
 
 
 def test_a_trickling_node_fails_at_its_deadline_and_the_play_goes_on(
-        lab: Lab, tmp_path: Path) -> None:
+        lab: Lab, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     common = {
         "ansible_host": lab.server.address,
         "ansible_port": lab.server.port,
@@ -91,12 +91,17 @@ def test_a_trickling_node_fails_at_its_deadline_and_the_play_goes_on(
     (tmp_path / "play.yml").write_text(yaml.safe_dump(play, sort_keys=False))
     home = tmp_path / "home"
     home.mkdir()
+    control = tempfile.mkdtemp(prefix="ha-cp-")
+    request.addfinalizer(lambda: shutil.rmtree(control, ignore_errors=True))
     env = {
         "PATH": f"{BIN}:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(home),
         "ANSIBLE_HOME": str(home / ".ansible"), "ANSIBLE_LOCAL_TEMP": str(tmp_path / "tmp"),
         "ANSIBLE_COLLECTIONS_PATH": str(REPO / "ansible"), "ANSIBLE_NOCOLOR": "1",
         "ANSIBLE_HOST_KEY_CHECKING": "True", "ANSIBLE_RETRY_FILES_ENABLED": "False",
         "LANG": "C.UTF-8",
+        # ssh's control socket must fit a socket path (108 bytes): a short private directory,
+        # not one under pytest's deep temporary tree.
+        "ANSIBLE_SSH_CONTROL_PATH_DIR": control,
     }
     started = time.monotonic()
     proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory),
