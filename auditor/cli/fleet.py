@@ -39,6 +39,7 @@ from auditor.cli.options import (
     UserOpt,
     check_output_path,
     choice,
+    exit_code,
     fatal,
     handle_errors,
     infer_format,
@@ -161,6 +162,8 @@ def merge_command(
     try:
         from auditor.merge import MergeError, merge, text_view
     except ImportError as exc:  # the single-file build carries no compiled code
+        if fmt is not None and fmt != "text":
+            _merge_in_memory(results, fmt, output, golden, fail_on)
         fatal(f"audit merge needs {exc.name or 'msgspec'}: run it where host-auditor is "
               "installed from its wheel (pip install .)", EXIT_USAGE)
     from auditor.render import render_merged_text
@@ -196,6 +199,26 @@ def merge_command(
     if merged.unreadable:
         raise typer.Exit(EXIT_USAGE)
     raise typer.Exit(merged.exit_code)
+
+
+def _merge_in_memory(results: list[str], fmt: str, output: str | None, golden: str | None,
+                     fail_on: str) -> None:
+    """Merge a few results without msgspec (the single-file build on a node: the engines'
+    one-line summary of the node's own report), holding every report in memory."""
+    from auditor.fleet import fleet_view
+    from auditor.render import render_merge
+    from auditor.results import load_results
+
+    files, _ = _expand(results)
+    loaded = load_results(files)
+    for bad in loaded.unreadable:
+        print(f"audit: error: {bad.line()}", file=sys.stderr)
+    if not loaded.reports:
+        fatal("no readable results to merge", EXIT_USAGE)
+    write_output(render_merge(fleet_view(loaded, golden), fmt), output)
+    if loaded.unreadable:
+        raise typer.Exit(EXIT_USAGE)
+    raise typer.Exit(exit_code(loaded.reports, FailOn(fail_on)))
 
 
 def _progress() -> Callable[[int, int], None]:
