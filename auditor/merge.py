@@ -714,6 +714,16 @@ def default_jobs() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def _one_thread() -> bool:
+    """Say whether this process runs one thread, counting threads Python did not start."""
+    try:
+        return len(os.listdir("/proc/self/task")) == 1
+    except OSError:
+        import threading
+
+        return threading.active_count() == 1
+
+
 class Pool:
     """Runs a function over tasks in order: in worker processes, or here for one job."""
 
@@ -726,9 +736,16 @@ class Pool:
         if jobs > 1:
             import multiprocessing
 
-            # fork: the workers share the parent's imports and the plan set just above.
-            context = multiprocessing.get_context("fork")
-            self._pool = context.Pool(jobs)
+            if _one_thread():
+                # fork: the workers share the parent's imports and the plan set just above.
+                self._pool = multiprocessing.get_context("fork").Pool(jobs)
+            else:
+                # A process with other threads (an embedding program, a test runner) must not
+                # fork: a lock another thread held is held for ever in the child, and the
+                # child shares that thread's pipes. A fork server's clean process forks the
+                # workers instead, and they get the plan from the initializer.
+                self._pool = multiprocessing.get_context("forkserver").Pool(
+                    jobs, initializer, initargs)
 
     def map(self, func: Callable[[Any], Any], tasks: Iterable[Any]) -> Iterator[Any]:
         """Yield ``func(task)`` for each task, in the tasks' order."""

@@ -11,6 +11,9 @@ import copy
 import json
 import math
 import random
+import subprocess
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +83,31 @@ def test_any_number_of_processes_gives_the_same_bytes(
                           "-j", "3")
     assert one[0] == three[0] == 3  # one host could not be audited
     assert one[1] == three[1] and one[1]
+
+
+def test_workers_forked_or_served_give_the_same_bytes(fleet: Path, tmp_path: Path) -> None:
+    """A one-thread ``audit merge`` forks its workers; a process with other threads (this
+    test's runner may be one) uses a fork server. Both give the single process's bytes."""
+    one = tmp_path / "one.json"
+    code = main(["merge", str(fleet), "--format", "json", "-j", "1", "-o", str(one)])
+    assert code == 3
+    done = threading.Event()
+    waiter = threading.Thread(target=done.wait)
+    waiter.start()  # this process has two threads now: no fork
+    try:
+        served = merge(sorted(str(p) for p in fleet.iterdir()), "json", jobs=3)
+        assert b"".join(served.chunks()) == one.read_bytes()
+        served.close()
+    finally:
+        done.set()
+        waiter.join()
+    forked = tmp_path / "forked.json"
+    run = subprocess.run([sys.executable, "-c", "from auditor.cli import main; raise SystemExit("
+                          f"main(['merge', {str(fleet)!r}, '--format', 'json', '-j', '3', "
+                          f"'-o', {str(forked)!r}]))"],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 3, run.stderr
+    assert forked.read_bytes() == one.read_bytes()
 
 
 def test_text_figures_match_the_reports(fleet: Path) -> None:
