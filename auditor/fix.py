@@ -95,6 +95,7 @@ class FixPlan:
             if isinstance(step, RunCommand):
                 continue  # never run on a sysroot
             item: dict[str, Any] = {"id": action.id, "kind": step.kind,
+                                    "fix": step.verbs.fix, "undo": step.verbs.undo,
                                     **dataclasses.asdict(step)}
             if isinstance(step, SetPciBits) and step.field is not None:
                 item["field"] = list(step.field)

@@ -22,10 +22,30 @@ GUARD_READS: tuple[str, ...] = ("/proc/sys/kernel/hostname", "/etc/hostname",
 
 
 @dataclass(frozen=True)
+class Verbs:
+    """How both fix engines apply and undo one step kind: the one description of it.
+
+    ``fix`` and ``undo`` name the function of the booted machine's bash scripts
+    (``templates/fix.sh.j2``, ``templates/rollback.sh.j2``) and the method of the sysroot
+    engine (``auditor/hosts/sysroot_fix.py``, prefixed ``step_``); ``fix_args`` and
+    ``undo_args`` the step's fields each bash function takes after the step's id, in order
+    (the sysroot engine reads them by name from the plan). A kind without either fails the
+    per-check contract, which runs every fixable case through both engines.
+    """
+
+    fix: str
+    fix_args: tuple[str, ...]
+    undo: str
+    undo_args: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class SetValue:
     """Write a value to a kernel file (sysfs, /proc/sys); the old bytes are recorded first."""
 
     kind: ClassVar[str] = "set_value"
+    verbs: ClassVar[Verbs] = Verbs("set_value", ("path", "value", "sysctl"),
+                                   "restore_value", ("path", "sysctl"))
     path: str
     value: str
     #: On a live host, write it with ``sysctl -w KEY=VALUE`` instead of the file.
@@ -44,6 +64,8 @@ class SetSelector:
     """
 
     kind: ClassVar[str] = "set_selector"
+    verbs: ClassVar[Verbs] = Verbs("set_selector", ("path", "value"),
+                                   "restore_selector", ("path",))
     path: str
     value: str
 
@@ -63,6 +85,9 @@ class SetPciBits:
     """Read-modify-write some bits of a PCI config register with setpci, then read back."""
 
     kind: ClassVar[str] = "set_pci_bits"
+    verbs: ClassVar[Verbs] = Verbs(
+        "set_pci_bits", ("address", "register", "value", "mask", "field_name", "field_shift"),
+        "restore_pci_bits", ("address", "register", "mask"))
     address: str
     register: str
     value: str
@@ -73,12 +98,26 @@ class SetPciBits:
         """Return (name, shift) when the bits are a known size field, else None."""
         return PCI_SIZE_FIELDS.get((self.register, self.mask.lower().zfill(4)))
 
+    @property
+    def field_name(self) -> str:
+        """Return the size field's name, or "" where the bits are no known size field."""
+        field = self.field
+        return "" if field is None else field[0]
+
+    @property
+    def field_shift(self) -> str:
+        """Return the size field's shift, or "" where the bits are no known size field."""
+        field = self.field
+        return "" if field is None else str(field[1])
+
 
 @dataclass(frozen=True)
 class WriteFile:
     """Make a file hold exactly ``content`` (created with ``mode`` if missing)."""
 
     kind: ClassVar[str] = "write_file"
+    verbs: ClassVar[Verbs] = Verbs("write_file", ("path", "mode", "content"),
+                                   "restore_file", ("path",))
     path: str
     content: str
     mode: str = "0644"
@@ -89,6 +128,8 @@ class ReplaceLine:
     """Replace line ``line`` of a file, only while it still reads exactly ``old``."""
 
     kind: ClassVar[str] = "replace_line"
+    verbs: ClassVar[Verbs] = Verbs("replace_line", ("path", "line", "old", "new"),
+                                   "restore_file", ("path",))
     path: str
     line: int
     old: str
@@ -100,6 +141,8 @@ class InsertLine:
     """Insert ``text`` after line ``after`` (0: at the top) while that line reads ``anchor``."""
 
     kind: ClassVar[str] = "insert_line"
+    verbs: ClassVar[Verbs] = Verbs("insert_line", ("path", "after", "anchor", "text"),
+                                   "restore_file", ("path",))
     path: str
     after: int
     anchor: str
@@ -111,6 +154,7 @@ class AppendLine:
     """Append ``text`` as a line to a file unless a line already reads exactly that."""
 
     kind: ClassVar[str] = "append_line"
+    verbs: ClassVar[Verbs] = Verbs("append_line", ("path", "text"), "restore_file", ("path",))
     path: str
     text: str
 
@@ -120,6 +164,8 @@ class MakeSymlink:
     """Create a symlink (enabling a systemd unit) unless it already points there."""
 
     kind: ClassVar[str] = "make_symlink"
+    verbs: ClassVar[Verbs] = Verbs("make_symlink", ("path", "target"),
+                                   "remove_symlink", ("path",))
     path: str
     target: str
 
@@ -142,6 +188,17 @@ class RunCommand:
 
 Step = (SetValue | SetSelector | SetPciBits | WriteFile | ReplaceLine | InsertLine | AppendLine
         | MakeSymlink | RunCommand)
+
+#: The step kinds that change a file or a register, in both engines, by kind.
+CHANGES: dict[str, type[SetValue | SetSelector | SetPciBits | WriteFile | ReplaceLine
+                         | InsertLine | AppendLine | MakeSymlink]] = {
+    cls.kind: cls for cls in (SetValue, SetSelector, SetPciBits, WriteFile, ReplaceLine,
+                              InsertLine, AppendLine, MakeSymlink)}
+
+
+def verb_args(step: object, names: tuple[str, ...]) -> tuple[str, ...]:
+    """Return the values of a step's fields, as text, in the order a bash verb takes them."""
+    return tuple(str(getattr(step, name)) for name in names)
 
 
 def describe(step: Step) -> str:

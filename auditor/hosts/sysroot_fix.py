@@ -56,7 +56,7 @@ except NameError:
     from auditor.hosts.treeio import Tree, read_fd, write_fd
     from auditor.parsing import parse_selector, select_word
 
-PLAN_FORMAT = 1
+PLAN_FORMAT = 2  # 2: each action names its fix and undo verbs
 STATE_ENV = "HOST_AUDITOR_STATE_DIR"
 #: The most bytes of one file a step reads or edits (config files and kernel values).
 MAX_FILE = 16 << 20
@@ -690,7 +690,7 @@ class Applier:
 
     # the steps -------------------------------------------------------------------------
 
-    def set_value(self, a):
+    def step_set_value(self, a):
         # type: (Dict[str, Any]) -> None
         path, want = a["path"], a["value"].encode("utf-8")
         st = self.tree.lstat(path)
@@ -733,7 +733,7 @@ class Applier:
             raise StepFailed("%s reads %s after selecting %s" % (show(path), show(now),
                                                                  show(want)))
 
-    def set_selector(self, a):
+    def step_set_selector(self, a):
         # type: (Dict[str, Any]) -> None
         path, want = a["path"], a["value"]
         if self.tree.lstat(path) is None:
@@ -795,7 +795,7 @@ class Applier:
         return "%s %s: %04x -> %04x (bits %s)" % (a["address"], a["register"], old, new,
                                                   a["mask"])
 
-    def set_pci_bits(self, a):
+    def step_set_pci_bits(self, a):
         # type: (Dict[str, Any]) -> None
         if not (_HEX.match(a["value"]) and _HEX.match(a["mask"])):
             raise StepFailed("bad value or mask for %s" % show(a["register"]))
@@ -818,7 +818,7 @@ class Applier:
                 a["address"], a["register"], width * 2, now, a["value"], a["mask"]))
         self.changed(self.describe_pci(a, cur, now))
 
-    def write_file(self, a):
+    def step_write_file(self, a):
         # type: (Dict[str, Any]) -> None
         path, content = a["path"], a["content"].encode("utf-8")
         st = self.tree.lstat(path)
@@ -840,7 +840,7 @@ class Applier:
                 os.close(fd)
         self.changed("wrote %s" % show(path))
 
-    def replace_line(self, a):
+    def step_replace_line(self, a):
         # type: (Dict[str, Any]) -> None
         path, number = a["path"], int(a["line"])
         old, new = a["old"].encode("utf-8"), a["new"].encode("utf-8")
@@ -857,7 +857,7 @@ class Applier:
         self.made(a["id"], self.write_in_place(path, replaced_line(data, number, new)))
         self.changed("%s:%d: %s -> %s" % (show(path), number, show(old), show(new)))
 
-    def insert_line(self, a):
+    def step_insert_line(self, a):
         # type: (Dict[str, Any]) -> None
         path, after = a["path"], int(a["after"])
         anchor, text = a["anchor"].encode("utf-8"), a["text"].encode("utf-8")
@@ -873,7 +873,7 @@ class Applier:
         self.made(a["id"], self.write_in_place(path, inserted_line(data, after, text)))
         self.changed("%s:%d: added %s" % (show(path), after + 1, show(text)))
 
-    def append_line(self, a):
+    def step_append_line(self, a):
         # type: (Dict[str, Any]) -> None
         path, text = a["path"], a["text"].encode("utf-8")
         self.regular(path)
@@ -886,7 +886,7 @@ class Applier:
         self.made(a["id"], self.write_in_place(path, data + tail + text + b"\n"))
         self.changed("%s: added %s" % (show(path), show(text)))
 
-    def make_symlink(self, a):
+    def step_make_symlink(self, a):
         # type: (Dict[str, Any]) -> None
         path, target = a["path"], a["target"]
         st = self.tree.lstat(path)
@@ -907,7 +907,7 @@ class Applier:
 
     # undoing ---------------------------------------------------------------------------
 
-    def restore_value(self, a):
+    def step_restore_value(self, a):
         # type: (Dict[str, Any]) -> None
         backup = self.state.read_backup(a["id"] + ".old")
         if backup is None:
@@ -917,7 +917,7 @@ class Applier:
         self.write_in_place(a["path"], saved)
         say("restored %s to %s" % (show(a["path"]), show(strip_newline(saved))))
 
-    def restore_selector(self, a):
+    def step_restore_selector(self, a):
         # type: (Dict[str, Any]) -> None
         backup = self.state.read_backup(a["id"] + ".old")
         if backup is None:
@@ -930,7 +930,7 @@ class Applier:
         self.select(a["path"], self.read_text(a["path"]), word)
         say("restored %s to %s" % (show(a["path"]), show(word)))
 
-    def restore_pci_bits(self, a):
+    def step_restore_pci_bits(self, a):
         # type: (Dict[str, Any]) -> None
         backup = self.state.read_backup(a["id"] + ".old")
         if backup is None:
@@ -949,7 +949,7 @@ class Applier:
         self._pci_write(config, offset, width, (cur & ~mask) | (int(old, 16) & mask))
         say("restored %s" % self.describe_pci(a, cur, self._pci_read(config, offset, width)))
 
-    def restore_file(self, a):
+    def step_restore_file(self, a):
         # type: (Dict[str, Any]) -> None
         """Put a file back as the fix found it, only onto the inode the fix left there.
 
@@ -1018,7 +1018,7 @@ class Applier:
         finally:
             os.close(fd)
 
-    def remove_symlink(self, a):
+    def step_remove_symlink(self, a):
         # type: (Dict[str, Any]) -> None
         backup = self.state.read_backup(a["id"] + ".created")
         if backup is None:
@@ -1034,31 +1034,28 @@ class Applier:
 
     # running ---------------------------------------------------------------------------
 
-    FIX = {"set_value": "set_value", "set_selector": "set_selector",
-           "set_pci_bits": "set_pci_bits",
-           "write_file": "write_file", "replace_line": "replace_line",
-           "insert_line": "insert_line", "append_line": "append_line",
-           "make_symlink": "make_symlink"}
-    UNDO = {"set_value": "restore_value", "set_selector": "restore_selector",
-            "set_pci_bits": "restore_pci_bits",
-            "write_file": "restore_file", "replace_line": "restore_file",
-            "insert_line": "restore_file", "append_line": "restore_file",
-            "make_symlink": "remove_symlink"}
-
-    def run(self, table, actions):
-        # type: (Dict[str, str], List[Dict[str, Any]]) -> None
+    def run(self, verb, actions):
+        # type: (str, List[Dict[str, Any]]) -> None
+        """Run each action's ``verb`` ("fix" or "undo"): the ``step_`` method the plan names
+        for it (remediations/steps.py, ``Verbs``: the one description of each step kind,
+        which the bash scripts' functions of the same names follow)."""
         for action in actions:
-            method = table.get(action.get("kind", ""))
+            name = action.get(verb, "")
+            method = getattr(self, "step_" + name, None) if isinstance(name, str) \
+                and name.isidentifier() else None
             if method is None:
-                continue  # a command: never run on a sysroot
+                self.fail("%s: no step %s %s in this engine: nothing %s" % (
+                    action.get("id", "?"), verb, show(str(name)),
+                    "restored" if verb == "undo" else "changed"))
+                continue
             try:
-                getattr(self, method)(action)
+                method(action)
             except StepFailed as exc:
                 self.fail(str(exc))
             except OSError as exc:
                 what = action.get("path") or action.get("address") or action["id"]
                 self.fail("%s: %s: not %s" % (show(what), exc.strerror or exc,
-                                              "restored" if table is self.UNDO else "changed"))
+                                              "restored" if verb == "undo" else "changed"))
 
     def preflight(self):
         # type: () -> None
@@ -1092,7 +1089,7 @@ class Applier:
     def fix(self):
         # type: () -> int
         self.preflight()
-        self.run(self.FIX, self.plan["actions"])
+        self.run("fix", self.plan["actions"])
         if self.failures:
             warn("%d step(s) failed; see above" % self.failures)
             return 1
@@ -1105,7 +1102,7 @@ class Applier:
             say("nothing to roll back: no state for fix %s of this sysroot in %s" % (
                 self.plan["fix_id"], show(self.state.path)))
             return 0
-        self.run(self.UNDO, list(reversed(self.plan["actions"])))
+        self.run("undo", list(reversed(self.plan["actions"])))
         if self.failures:
             warn("%d step(s) failed; the saved state stays in %s for another try" % (
                 self.failures, show(self.state.path)))

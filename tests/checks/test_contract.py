@@ -17,7 +17,9 @@ from auditor.hosts.archive import ArchiveHost
 from auditor.model import Status
 from auditor.registry import load_checks
 from auditor.render import render_fix
+from tests.support import livefix
 from tests.support.cases import Case, all_cases, audit_tree, check_case, check_fix
+from tests.support.fixkit import write_scripts
 from tests.support.recording import RecordingHost, undeclared
 from tests.support.sysroot import CAPTURES, extract_capture
 
@@ -110,4 +112,67 @@ def test_the_fix_of_every_problem_renders_and_lints(check_id: str, case: Case,
 def test_fix_reaudit_and_byte_exact_rollback(check_id: str, case: Case, tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("the copies of sysfs are read-only to other users")
+    # As root, both engines run: a machine that cannot run the bash one fails here.
+    assert livefix.available() == "", livefix.available()
     check_fix(CHECKS[check_id], case, tmp_path, list(CHECKS.values()))
+
+
+def test_every_step_kind_is_one_description_both_engines_follow() -> None:
+    """Each step kind names its fix and undo verbs once (``Verbs``); the bash scripts
+    define a function and the sysroot engine a ``step_`` method of each name, taking the
+    fields the description names, and neither engine has a verb no kind names."""
+    import dataclasses
+    import re
+
+    from auditor.hosts.sysroot_fix import Applier
+    from auditor.remediations.steps import CHANGES, RunCommand, Step
+
+    templates = Path(__file__).parents[2] / "templates"
+    defined = {name for template in ("fix.sh.j2", "rollback.sh.j2")
+               for name in re.findall(r"^([a-z_]+)\(\) \{$",
+                                      (templates / template).read_text(), re.MULTILINE)}
+    methods = {name[len("step_"):] for name in dir(Applier) if name.startswith("step_")}
+    kinds = {cls.kind for cls in Step.__args__}  # type: ignore[attr-defined]
+    assert set(CHANGES) == kinds - {RunCommand.kind}
+    verbs: set[str] = set()
+    for kind, cls in CHANGES.items():
+        fields = {f.name for f in dataclasses.fields(cls)}
+        for verb, args in ((cls.verbs.fix, cls.verbs.fix_args),
+                           (cls.verbs.undo, cls.verbs.undo_args)):
+            verbs.add(verb)
+            assert verb in defined, f"{kind}: no bash function {verb}"
+            assert verb in methods, f"{kind}: no sysroot method step_{verb}"
+            for arg in args:
+                assert arg in fields or isinstance(getattr(cls, arg, None), property), (kind, arg)
+        assert set(cls.verbs.undo_args) <= set(cls.verbs.fix_args), kind
+    assert methods == verbs, "sysroot step methods no kind names"
+
+
+@pytest.mark.root
+def test_a_step_changed_in_one_engine_only_fails_the_contract(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bash write_file planted to give a new file another mode than the sysroot
+    engine gives it: the contract fails on that case, saying the engines disagree."""
+    if os.geteuid() != 0:
+        pytest.skip("the copies of sysfs are read-only to other users")
+    from tests.support import cases as contract
+
+    case = next(c for c in CASES["container.toolkit"].cases if c.fixed)
+    planted: list[Path] = []
+
+    def plant(plan: object, where: Path) -> tuple[Path, Path]:
+        fix, rollback = write_scripts(plan, where)  # type: ignore[arg-type]
+        if not getattr(plan, "root", "x"):  # the booted machine's script: bash's own steps
+            text = fix.read_text()
+            assert "        chmod \"$mode\" -- \"$path\"\n" in text
+            assert "\nwrite_file s" in text, "the case's fix writes no new file"
+            fix.write_text(text.replace("        chmod \"$mode\" -- \"$path\"\n",
+                                        "        chmod 0600 -- \"$path\"\n"))
+            planted.append(fix)
+        return fix, rollback
+
+    check_fix(CHECKS["container.toolkit"], case, tmp_path / "honest", list(CHECKS.values()))
+    monkeypatch.setattr(contract, "write_scripts", plant)
+    with pytest.raises(AssertionError, match="the engines disagree"):
+        check_fix(CHECKS["container.toolkit"], case, tmp_path / "planted", list(CHECKS.values()))
+    assert planted

@@ -11,9 +11,11 @@ test runs its own cases through :func:`check_case` and :func:`check_fix`):
 - the check's verdict on the tree is the one the case expects;
 - it reads nothing it did not declare in ``reads`` (its fix nothing beyond
   ``fix_reads`` and the paths every fix reads);
-- for a fixable case: the fix renders, passes ``bash -n`` and shellcheck, turns the
-  verdict into the expected one after it ran on a copy of the tree, changes nothing
-  when run again, and its rollback restores the tree byte for byte.
+- for a fixable case, in both fix engines (the sysroot scripts, which hand their plan to
+  python3, and the booted machine's bash scripts, run byte for byte in a private mount
+  namespace chrooted onto a copy of the tree): the fix renders, passes ``bash -n`` and
+  shellcheck, turns the verdict into the expected one, changes nothing when run again,
+  and its rollback restores the tree byte for byte; the two engines leave the same tree.
 """
 
 from __future__ import annotations
@@ -25,13 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from auditor.check import CheckClass
-from auditor.fix import build_fix
+from auditor.fix import FixPlan, build_fix
 from auditor.hosts import DirectoryHost
 from auditor.model import Report, Status, worst
 from auditor.policy import Policy, load_policy
 from auditor.registry import fix_reads
 from auditor.runner import audit
-from tests.support.fixkit import copy_tree, run, tree_hash, write_scripts
+from tests.support import livefix
+from tests.support.fixkit import copy_tree, live_plan, run, tree_hash, write_scripts
 from tests.support.hostgen import HostSpec, Tree, build_host
 from tests.support.recording import RecordingHost, undeclared
 from tests.support.sysroot import CAPTURES, Sysroot, extract_capture
@@ -149,7 +152,14 @@ def check_case(check: CheckClass, case: Case, tmp: Path) -> None:
 
 
 def check_fix(check: CheckClass, case: Case, tmp: Path, every: Sequence[CheckClass]) -> None:
-    """Assert the fix cycle of a problem case: render, lint, apply, re-audit, re-run, undo."""
+    """Assert the fix cycle of a problem case in both engines, and that they agree.
+
+    The sysroot engine (the scripts hand their plan to python3) runs against one copy of
+    the tree; the booted machine's bash scripts, byte for byte as operators run them, run
+    against another (:mod:`tests.support.livefix`: a private mount namespace, chrooted).
+    Each must repair the problem, change nothing on a second run and roll back byte for
+    byte, and both must leave the same tree after the fix.
+    """
     assert case.fixed and case.expect is not Status.PASS, case.name
     root = case.tree(tmp / "tree")
     report = audit_tree(root.root, check, case)
@@ -160,18 +170,74 @@ def check_fix(check: CheckClass, case: Case, tmp: Path, every: Sequence[CheckCla
     allowed = (*check.reads, *fix_reads([check]))
     assert undeclared(recording.asked, allowed) == [], case.name
     assert plan.actions, f"{case.name}: the fix plans no step"
-    fix, rollback = write_scripts(plan, tmp)
-    copy = copy_tree(root.root, tmp / "copy")
-    before = tree_hash(copy)
-    first = run(fix, copy)
-    assert first.returncode == 0, first.stdout + first.stderr
-    fixed = tree_hash(copy)
-    assert fixed != before
-    assert verdict(audit_tree(copy, check, case), check.id) is case.after, case.name
-    again = run(fix, copy)
-    assert again.returncode == 0, again.stdout + again.stderr
-    assert tree_hash(copy) == fixed, "a second run changed the tree"
-    undone = run(rollback, copy)
-    assert undone.returncode == 0, undone.stdout + undone.stderr
-    assert tree_hash(copy) == before, "the rollback did not restore the tree byte for byte"
-    assert verdict(audit_tree(copy, check, case), check.id) is case.expect
+    python_engine = _Engine("python", *write_scripts(plan, tmp), copy_tree(root.root, tmp / "copy"),
+                            plan, None)
+    live = live_plan(plan, root.root)
+    (tmp / "bash").mkdir()
+    bash_engine = _Engine("bash", *write_scripts(live, tmp / "bash"),
+                          copy_tree(root.root, tmp / "bash-copy"), live, tmp / "live",
+                          tuple(livefix.units(live, root.root)))
+    for engine in (python_engine, bash_engine):
+        livefix.give_dev_null(engine.tree)
+    before = tree_hash(python_engine.tree)
+    fixed = {}
+    for engine in (python_engine, bash_engine):
+        first = engine.run(engine.fix)
+        assert first[0] == 0, f"{engine.name} engine: {first[1]}"
+        fixed[engine.name] = tree_hash(engine.tree)
+        assert fixed[engine.name] != before, f"{engine.name} engine changed nothing"
+        assert verdict(audit_tree(engine.tree, check, case), check.id) is case.after, (
+            f"{engine.name} engine: {case.name}")
+    assert fixed["python"] == fixed["bash"], (
+        "the engines disagree: " + "; ".join(tree_diff(python_engine.tree, bash_engine.tree)))
+    for engine in (python_engine, bash_engine):
+        again = engine.run(engine.fix)
+        assert again[0] == 0, f"{engine.name} engine: {again[1]}"
+        assert tree_hash(engine.tree) == fixed[engine.name], (
+            f"{engine.name} engine: a second run changed the tree")
+        undone = engine.run(engine.rollback)
+        assert undone[0] == 0, f"{engine.name} engine: {undone[1]}"
+        assert tree_hash(engine.tree) == before, (
+            f"{engine.name} engine: the rollback did not restore the tree byte for byte: "
+            + "; ".join(tree_diff(root.root, engine.tree)))
+        assert verdict(audit_tree(engine.tree, check, case), check.id) is case.expect
+    assert livefix.leftovers(tmp / "live") == [], "the bash rollback left state behind"
+
+
+@dataclass(frozen=True)
+class _Engine:
+    """One fix engine's scripts and the copy of the tree they run against."""
+
+    name: str
+    fix: Path
+    rollback: Path
+    tree: Path
+    plan: FixPlan
+    work: Path | None  # the live run's scratch directory; None: the sysroot engine
+    bind: tuple[str, ...] = ()  # the tree's directories the live runs bind in place
+
+    def run(self, script: Path) -> tuple[int, str]:
+        """Run one script of this engine; return its exit status and output."""
+        if self.work is None:
+            done = run(script, self.tree)
+            return done.returncode, done.stdout + done.stderr
+        live = livefix.run_live(script, self.tree, self.plan, self.work, self.bind)
+        return live.process.returncode, live.output
+
+
+def tree_diff(left: Path, right: Path, limit: int = 8) -> list[str]:
+    """Name the entries two trees hold differently (for failure messages), at most ``limit``."""
+    import filecmp
+
+    found: list[str] = []
+
+    def walk(compare: filecmp.dircmp[str], prefix: str) -> None:
+        for name in (*compare.left_only, *compare.right_only, *compare.diff_files,
+                     *compare.funny_files):
+            if len(found) < limit:
+                found.append(prefix + name)
+        for name, sub in sorted(compare.subdirs.items()):
+            walk(sub, f"{prefix}{name}/")
+
+    walk(filecmp.dircmp(str(left), str(right)), "")
+    return found

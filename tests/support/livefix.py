@@ -29,8 +29,9 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import stat
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,12 +58,14 @@ for dir in TOOL_DIRS; do
 done
 mkdir -m 1777 -- "$new/tmp"
 mkdir -- "$new/dev"
-: > "$new/dev/null"
-mount --bind /dev/null "$new/dev/null"
 for unit in "$@"; do
     mkdir -p -- "$new/$unit"
     mount --bind -- "$tree/$unit" "$new/$unit"
 done
+# The machine's /dev/null, over the tree's node where its /dev is bound (give_dev_null):
+# a node on a nodev file system cannot be opened, and every `2> /dev/null` would fail.
+[ -e "$new/dev/null" ] || : > "$new/dev/null"
+mount --bind /dev/null "$new/dev/null"
 mkdir -p -- "$new/var/lib/host-auditor" "$new/.host-auditor-stubs" "$new/.host-auditor-log"
 mount --bind -- "$state" "$new/var/lib/host-auditor"
 mount --bind -- "$stubs" "$new/.host-auditor-stubs"
@@ -119,8 +122,24 @@ def commands_of(plan: FixPlan) -> set[str]:
     return names
 
 
-def run_live(script: Path, tree: Path, plan: FixPlan, work: Path) -> LiveRun:
-    """Run a booted machine's fix or rollback script against ``tree`` (as root)."""
+def give_dev_null(tree: Path) -> None:
+    """Give a tree that has a ``/dev`` (bound in place when a plan writes under it) the
+    ``/dev/null`` node every booted machine has: :func:`run_live` binds the machine's
+    ``/dev/null`` over it, so the scripts' redirections never make a file in the tree."""
+    dev = tree / "dev"
+    null = dev / "null"
+    if dev.is_dir() and not dev.is_symlink() and not os.path.lexists(null):
+        os.mknod(null, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+
+
+def run_live(script: Path, tree: Path, plan: FixPlan, work: Path,
+             bind: Sequence[str] | None = None) -> LiveRun:
+    """Run a booted machine's fix or rollback script against ``tree`` (as root).
+
+    ``bind`` names the tree's directories to bind in place (:func:`units` of the tree as
+    it was before the fix, for every run of one cycle: a directory the fix made must stay
+    a plain directory for the rollback, which removes it, not a mount point).
+    """
     state, stubs, log, new = (work / "state", work / "stubs", work / "log", work / "root")
     for directory in (state, stubs, log, new):
         directory.mkdir(parents=True, exist_ok=True)
@@ -135,7 +154,8 @@ def run_live(script: Path, tree: Path, plan: FixPlan, work: Path) -> LiveRun:
     setup = _SETUP.replace("TOOL_DIRS", " ".join(TOOL_DIRS))
     argv = ["unshare", "--mount", "--uts", "--propagation", "private", "--",
             "bash", "-c", setup, "live-fix", str(new), str(tree), str(state), str(stubs),
-            str(log), plan.hostname or "localhost", str(script), *units(plan, tree)]
+            str(log), plan.hostname or "localhost", str(script),
+            *(units(plan, tree) if bind is None else bind)]
     process = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)
     recorded = log / "commands"
     commands = tuple(recorded.read_text().splitlines()) if recorded.exists() else ()
