@@ -526,13 +526,22 @@ def strip_newline(data):
 
 def capability_offset(config, cap_id):
     # type: (bytes, int) -> Optional[int]
-    """Return where capability ``cap_id`` starts in config space (pciutils' list walk)."""
+    """Return where capability ``cap_id`` starts in config space, or None.
+
+    The kernel's walk (drivers/pci/pci.c, ``__pci_find_next_cap_ttl``): a pointer under
+    0x40 or an id of 0xff ends the list; pciutils' setpci walks alike from 0x34. A list
+    the audit's decoder (checks/lib/pci.py) would refuse is never written through: a
+    loop, or a header other than a device's or a bridge's (a CardBus bridge keeps its
+    list at 0x14 for the kernel but at 0x34 for setpci)."""
     if len(config) < 0x40 or not (config[0x06] | config[0x07] << 8) & 0x10:
         return None  # no capability list
-    pointer = 0x14 if config[0x0E] & 0x7F == 2 else 0x34  # CardBus bridges keep it at 0x14
-    where = config[pointer] & ~3
+    if config[0x0E] & 0x7F not in (0, 1):
+        return None
+    where = config[0x34] & ~3
     seen = set()
-    while where and where not in seen and where + 1 < len(config):
+    while where >= 0x40 and where + 1 < len(config):
+        if where in seen:
+            return None  # a loop: the decoder refuses the list, the fixer writes nothing
         seen.add(where)
         found, where_next = config[where], config[where + 1] & ~3
         if found == 0xFF:

@@ -380,6 +380,10 @@ def find_capability(config: bytes, cap_id: int) -> int | None:
         if pointer in seen:
             raise ConfigSpaceError(f"capability list loops back to {pointer:#x}")
         seen.add(pointer)
+        if config[pointer] == 0xFF:
+            # All ones: a function gone from the bus. The kernel's walk ends here
+            # (drivers/pci/pci.c, __pci_find_next_cap_ttl), as setpci's does.
+            return None
         if config[pointer] == cap_id:
             return pointer
         pointer = config[pointer + 1] & 0xFC
