@@ -196,7 +196,8 @@ class ArchiveHost(Host):
                     else:
                         kind = 0x36  # a FIFO or a type tarfile does not know: "other"
                     members.append(Member(info.name, kind, info.linkname, info.offset_data,
-                                          info.size, info.devmajor, info.devminor))
+                                          info.size, info.devmajor, info.devminor,
+                                          _seconds(info.mtime)))
         except (tarfile.TarError, EOFError, ValueError, OverflowError) as exc:
             raise self._error(f"{label}: not a readable tar archive ({exc})") from exc
         return members
@@ -212,8 +213,10 @@ class ArchiveHost(Host):
             return
         self._add_parents(path)
         kind = member.type
+        # A writer that keeps no times (a snapshot, the sh collector) writes 0: not known.
+        mtime = float(member.mtime) if member.mtime > 0 else None
         if kind == 0x35:  # "5"
-            entry = Entry("dir")
+            entry = Entry("dir", mtime=mtime)
             self._children.setdefault(path, set())
         elif kind == 0x32:  # "2"
             linkname = member.linkname
@@ -228,7 +231,7 @@ class ArchiveHost(Host):
         elif kind == 0x34:  # "4"
             entry = Entry("blk", major=member.devmajor, minor=member.devminor)
         elif kind in (0x30, 0x37, 0):  # "0", "7" and the old "\0"
-            entry = Entry("file")
+            entry = Entry("file", mtime=mtime)
             self._offsets[path] = (member.offset_data, member.size)
         else:
             entry = Entry("other")
@@ -278,3 +281,11 @@ class ArchiveHost(Host):
     def members(self) -> list[str]:
         """Return every path the archive holds."""
         return sorted(self._entries)
+
+
+def _seconds(mtime: float) -> int:
+    """Return a member's time in whole seconds; 0 (not known) for one that is not a time."""
+    try:
+        return max(0, int(mtime))
+    except (ValueError, OverflowError):
+        return 0

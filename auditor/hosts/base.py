@@ -11,7 +11,7 @@ import posixpath
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, TypeVar
 
 from auditor.text import printable
@@ -130,6 +130,9 @@ class Entry:
     target: str = ""
     major: int = -1
     minor: int = -1
+    #: Last modification, seconds since the epoch; None where the transport did not carry
+    #: it (the sh collector, a snapshot, a synthesized entry). Not part of equality.
+    mtime: float | None = field(default=None, compare=False)
 
 
 class Host(ABC):
@@ -261,6 +264,11 @@ class Host(ABC):
             return self.lstat(self.resolve(path))
         except OSError:
             return None
+
+    def mtime(self, path: str) -> float | None:
+        """Return when ``path`` was last modified (following symlinks), None if not known."""
+        entry = self.stat(path)
+        return None if entry is None else entry.mtime
 
     def exists(self, path: str) -> bool:
         """Return whether ``path`` exists (following symlinks)."""

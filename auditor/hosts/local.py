@@ -32,9 +32,9 @@ def _entry_from_stat(st: os.stat_result, target: Callable[[], str]) -> Entry:
     if stat.S_ISLNK(mode):
         return Entry("link", target=target())
     if stat.S_ISDIR(mode):
-        return Entry("dir")
+        return Entry("dir", mtime=st.st_mtime)
     if stat.S_ISREG(mode):
-        return Entry("file")
+        return Entry("file", mtime=st.st_mtime)
     if stat.S_ISCHR(mode):
         return Entry("chr", major=os.major(st.st_rdev), minor=os.minor(st.st_rdev))
     if stat.S_ISBLK(mode):

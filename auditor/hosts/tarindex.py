@@ -26,6 +26,8 @@ _TYPES = frozenset(b"01234567\0")
 #: pax keys that change nothing ArchiveHost keeps (besides path, linkpath, size).
 _PAX_IGNORED = frozenset({"mtime", "atime", "ctime", "uid", "gid", "uname", "gname"})
 _REGULAR = frozenset(b"07\0")
+#: A pax ``mtime`` kept (whole seconds of a non-negative decimal; others keep the header's).
+_PAX_SECONDS = re.compile(r"[0-9]{1,12}(?:\.[0-9]{0,9})?")
 
 
 class Member(NamedTuple):
@@ -38,6 +40,8 @@ class Member(NamedTuple):
     size: int
     devmajor: int
     devminor: int
+    #: Modification time in whole seconds; 0 where the writer left none.
+    mtime: int = 0
 
 
 def _text(field: bytes | bytearray) -> str:
@@ -148,9 +152,12 @@ def fast_index(data: bytes | bytearray, max_members: int | None = None) -> list[
             if kind == 0x35:
                 name = name.rstrip("/")
             linkname = _text(header[157:257]) if header[157] else ""
+            mtime = _octal(header, 136, 148)
             if pax is not None:
                 name = pax.get("path", name)
                 linkname = pax.get("linkpath", linkname)
+                if _PAX_SECONDS.fullmatch(pax.get("mtime", "")):
+                    mtime = int(pax["mtime"].split(".", 1)[0])
                 if "size" in pax:
                     size = int(pax["size"])
                     padded = (size + BLOCK - 1) // BLOCK * BLOCK
@@ -163,7 +170,7 @@ def fast_index(data: bytes | bytearray, max_members: int | None = None) -> list[
             minor = _octal(header, 337, 345)
             if max_members is not None and len(members) >= max_members:
                 raise TooManyMembers(max_members)
-            members.append(Member(name, kind, linkname, data_at, size, major, minor))
+            members.append(Member(name, kind, linkname, data_at, size, major, minor, mtime))
             offset = data_at
             if kind in _REGULAR:
                 if data_at + padded > total:

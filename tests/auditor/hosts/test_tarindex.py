@@ -71,6 +71,27 @@ def test_long_and_non_ascii_names_through_pax_headers_match_tarfile() -> None:
     assert host.read_bytes("/" + deep) == b"\x01" * 700
 
 
+def test_modification_times_match_tarfile_and_zero_is_not_known() -> None:
+    """A file's time comes from its header or a pax ``mtime`` (whole seconds), as tarfile
+    reads it; a writer that keeps none writes 0, which the host reports as not known."""
+    data = tar_of(
+        (info("boot/initrd.img-6.8.0-45-generic", mtime=1768132800), b"\x1f\x8b"),
+        (info("etc/modprobe.d/nvidia.conf", mtime=1768046400.75), b"options nvidia\n"),
+        (info("etc/modprobe.d/old.conf", mtime=0), b""),
+        (info("etc/modprobe.d", tarfile.DIRTYPE, mtime=1768046400), None),
+    )
+    fast = fast_index(data)
+    assert fast is not None and fast == by_tarfile(data)
+    assert [m.mtime for m in fast] == [1768132800, 1768046400, 0, 1768046400]
+    host = ArchiveHost(data, "t")
+    assert host.mtime("/boot/initrd.img-6.8.0-45-generic") == 1768132800.0
+    assert host.mtime("/etc/modprobe.d/nvidia.conf") == 1768046400.0
+    assert host.mtime("/etc/modprobe.d/old.conf") is None
+    assert host.mtime("/etc/modprobe.d/missing.conf") is None
+    # Times are not part of what an entry is: equality is unchanged.
+    assert host.lstat("/etc/modprobe.d/old.conf") == Entry("file")
+
+
 @pytest.mark.parametrize("fmt", [tarfile.GNU_FORMAT, tarfile.USTAR_FORMAT])
 def test_other_formats_agree_or_go_to_tarfile(fmt: int) -> None:
     data = tar_of((info("a/" * 60 + "f"), b"data"), (info("b"), b"more"), fmt=fmt) \

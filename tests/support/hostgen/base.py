@@ -23,6 +23,9 @@ class Tree:
     files: dict[str, bytes] = field(default_factory=dict)
     links: dict[str, str] = field(default_factory=dict)
     devices: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: Modification times of some files (seconds since the epoch); the rest get the time
+    #: they are written.
+    mtimes: dict[str, float] = field(default_factory=dict)
 
     def put(self, path: str, text: str | bytes) -> None:
         self.files[path] = text.encode() if isinstance(text, str) else text
@@ -33,6 +36,8 @@ class Tree:
             target = root / path.lstrip("/")
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
+            if path in self.mtimes:
+                os.utime(target, (self.mtimes[path], self.mtimes[path]))
         for path, dest in self.links.items():
             link = root / path.lstrip("/")
             link.parent.mkdir(parents=True, exist_ok=True)
@@ -51,6 +56,7 @@ class Tree:
                 info = tarfile.TarInfo(path.lstrip("/"))
                 info.size = len(data)
                 info.mode = 0o644
+                info.mtime = int(self.mtimes.get(path, 0))
                 archive.addfile(info, io.BytesIO(data))
             for path, target in sorted(self.links.items()):
                 info = tarfile.TarInfo(path.lstrip("/"))
