@@ -10,6 +10,13 @@ configured value on disk and another one live. Live values:
 - nvidia_uvm, nvidia_peermem: ``/sys/module/<module>/parameters/<name>`` (0444);
 - nvidia_drm, nvidia_modeset: the same files, mode 0400: root only.
 
+An initramfs that carries the modules (dracut ``add_drivers``, initramfs-tools' ``modules`` file
+or an nvidia hook) loads them with its own copy of modprobe.d, taken when it was built
+(initramfs-tools mkinitramfs ``copy_file config`` of /etc and /lib/modprobe.d; dracut
+modules.d/90kernel-modules): an image older than a file that sets their options boots without
+them. That is judged on the running kernel's image by file times, and a time the collection did
+not keep is said, never taken for "older".
+
 Values compare as the kernel stores them: booleans ``Y``/``N`` against ``1``/``0``/``y``...,
 integers numerically (nvidia.ko's are 32-bit unsigned: ``-1`` reads back 4294967295), strings
 as written without quotes.
@@ -21,7 +28,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 from auditor.check import Check, CheckOptions, Trigger
-from auditor.checks.lib import files, modprobe, nvidia
+from auditor.checks.lib import files, kernels, modprobe, nvidia
 from auditor.environment import READS as ENVIRONMENT_READS
 from auditor.environment import environment
 from auditor.hosts.base import Host
@@ -39,6 +46,8 @@ UNPRINTED = frozenset({"NVreg_EnableNonblockingOpen", "NVreg_ExcludeAllGpus",
 #: Live nvidia.ko values worth showing (nv-reg.h): what they change for P2P and power.
 NOTABLE = ("EnableResizableBar", "EnablePCIERelaxedOrderingMode", "DynamicPowerManagement",
            "RegistryDwords", "RegistryDwordsPerDevice", "NvLinkDisable")
+#: The subject of the initramfs finding.
+INITRAMFS = "initramfs"
 _STOPPERS = ("/bin/false", "/bin/true", "/usr/bin/false", "/usr/bin/true", "false", "true")
 
 
@@ -85,6 +94,9 @@ class NvidiaModparams(Check[CheckOptions]):
         *(f"/sys/module/{m}" for m in MODULES),
         *(f"/sys/module/{m}/parameters/*" for m in MODULES),
         *modprobe.INITRAMFS_READS,
+        *modprobe.IMAGE_READS,
+        kernels.OSRELEASE,
+        kernels.PROC_VERSION,
         *ENVIRONMENT_READS,
     )
     rationale: ClassVar[str] = (
@@ -123,6 +135,36 @@ class NvidiaModparams(Check[CheckOptions]):
         if not judged:
             yield self.skipped("nvidia", "no NVIDIA module is loaded and none has options "
                                "configured")
+        elif not env.in_container and ramfs.carries:
+            yield self._image(host, ramfs, config)
+
+    def _image(self, host: Host, ramfs: modprobe.Initramfs,
+               config: modprobe.ModprobeConfig) -> Finding:
+        """Judge whether the running kernel's initramfs carries the current options."""
+        release = kernels.running_kernel(host) or ""
+        age = modprobe.initramfs_age(host, release, config, MODULES)
+        ev = {"initramfs": ramfs.tool, "initramfs_carries": ramfs.where, "kernel": release,
+              "image": age.image, "files": " ".join(age.files)[:1024]}
+        rebuild = " ".join(ramfs.rebuild)
+        if age.unknown and not age.files:
+            return self.passed(INITRAMFS, f"the initramfs carries the nvidia modules "
+                               f"({ramfs.where}); {age.unknown}", evidence=ev)
+        if age.unknown:
+            return self.skipped(INITRAMFS, f"the initramfs carries the nvidia modules "
+                                f"({ramfs.where}), but whether it holds the current options "
+                                f"cannot be told: {age.unknown}", evidence=ev)
+        if age.newer:
+            ev["newer"] = " ".join(age.newer)[:1024]
+            return self.warned(
+                INITRAMFS, f"{age.image} is older than {', '.join(age.newer[:4])}: the "
+                f"initramfs carries the nvidia modules ({ramfs.where}) and loads them with "
+                "the options it was built with, so the newer options do not apply at boot; "
+                f"rebuild it ({rebuild or 'with the tool that built it'})",
+                observed=f"{age.image} older than the options", expected="rebuilt after them",
+                fix=rebuild or "rebuild the initramfs", evidence=ev)
+        return self.passed(
+            INITRAMFS, f"{age.image} was built after the {len(age.files)} modprobe.d file(s) "
+            "with options for the nvidia modules: it carries them", evidence=ev)
 
     def _judge(self, host: Host, module: str, options: dict[str, modprobe.ModOption],
                loaded: bool, params: dict[str, str] | None, ramfs: modprobe.Initramfs,
@@ -178,9 +220,23 @@ class NvidiaModparams(Check[CheckOptions]):
             else:
                 parts.append(f"{option.name}={option.value} ({option.where}) but the loaded "
                              f"module has {drift.live}")
-        why = (" The initramfs carries the nvidia modules "
-               f"({ramfs.where}): rebuild it, or the next boot loads the old options."
-               if ramfs.carries else "")
+        # Where the image was built after the options, the next boot applies them: only a
+        # reload is missing. An image found older says so in its own finding (INITRAMFS).
+        age = modprobe.initramfs_age(host, kernels.running_kernel(host) or "", config,
+                                     MODULES) if ramfs.carries else None
+        if age is not None and not age.unknown and not age.newer:
+            ev["initramfs_current"] = age.image
+            why = (f" {age.image}, which loads the nvidia modules at boot, was built after "
+                   "them: it carries them to the next boot.")
+        elif age is not None and age.newer:
+            why = (f" {age.image}, which loads the nvidia modules at boot, predates "
+                   f"{', '.join(age.newer[:4])}: rebuild it, or the next boot loads the old "
+                   "options too.")
+        elif ramfs.carries:
+            why = (" The initramfs carries the nvidia modules "
+                   f"({ramfs.where}): rebuild it, or the next boot loads the old options.")
+        else:
+            why = ""
         return self.warned(
             module, "configured but not live: " + "; ".join(parts) + "." + why
             + " Reload the module (no GPU process running) or reboot.",
@@ -221,12 +277,19 @@ class NvidiaModparams(Check[CheckOptions]):
     ) -> list[Remedy]:
         """Say how to make the configured options live: initramfs, reload, or reboot."""
         from auditor.remediations.steps import Advice, Remedy, evidence
+
         remedies: list[Remedy] = []
         ramfs = modprobe.initramfs(host, MODULES)
         for finding in findings:
             ev = evidence(finding)
+            if finding.subject == INITRAMFS:
+                remedies.append(self._rebuild(ramfs, ev))
+                continue
             advice: list[Advice] = []
-            if ramfs.carries and ramfs.rebuild:
+            # Said once: by the initramfs finding where there is one, not where the image
+            # already carries the options.
+            rebuilt = any(f.subject == INITRAMFS for f in findings) or "initramfs_current" in ev
+            if ramfs.carries and ramfs.rebuild and not rebuilt:
                 advice.append(Advice(f"rebuild the initramfs, which carries the nvidia modules "
                                      f"({ramfs.where})", ramfs.rebuild))
             if "install" in ev:
@@ -246,3 +309,23 @@ class NvidiaModparams(Check[CheckOptions]):
                 advice=tuple(advice), reboot=True,
             ))
         return remedies
+
+    def _rebuild(self, ramfs: modprobe.Initramfs, ev: dict[str, str]) -> Remedy:
+        """Say to rebuild every kernel's initramfs, so it carries the current modprobe.d.
+
+        Advice, not a step: a RunCommand runs after steps of its remedy that changed a file
+        (templates/fix.sh.j2 ``run_after``), and here no file is changed; where a fix writes
+        the option (nvidia.uvm_hmm) it rebuilds the image after that write.
+        """
+        from auditor.remediations.steps import Advice, Remedy
+
+        newer = ev.get("newer", "")
+        advice = [Advice(f"rebuild the initramfs, which carries the nvidia modules "
+                         f"({ramfs.where}) and predates {newer or 'their options'}",
+                         ramfs.rebuild)] if ramfs.rebuild else [
+            Advice("rebuild the initramfs with the tool that built it (not recognised here)")]
+        advice.append(Advice("then reboot, or reload the nvidia modules with no GPU process "
+                             "running, for the options to apply"))
+        return Remedy(check=self.id, subject=INITRAMFS,
+                      title="rebuild the initramfs so it carries the current module options",
+                      advice=tuple(advice), reboot=True)

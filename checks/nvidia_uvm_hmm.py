@@ -13,6 +13,13 @@ The parameter (``module_param(uvm_disable_hmm, bool, 0444)``, kernel-open/nvidia
 defaults to false on x86_64 and true elsewhere; HMM needs a kernel built with
 ``CONFIG_HMM_MIRROR`` and ``CONFIG_DEVICE_PRIVATE`` (``UVM_IS_CONFIG_HMM``, uvm_linux.h) and is
 off where ATS is on (Grace).
+
+Configured is not live: a module parameter is read once, when the module loads
+(``module_param`` values are parsed by ``load_module`` -> ``parse_args``, kernel/module/main.c;
+a 0444 parameter cannot change afterwards). A host with ``uvm_disable_hmm=1`` written but
+``N`` live runs with HMM on: it is judged by that live value, with the written setting named as
+the pending fix (a reload of nvidia_uvm or a reboot applies it, and where the initramfs carries
+the nvidia modules, an image built before the setting loads them without it).
 """
 
 from __future__ import annotations
@@ -70,11 +77,13 @@ class NvidiaUvmHmm(Check[UvmHmmOptions]):
         kernels.PROC_VERSION,
         kernels.KERNEL_CONFIGS,
         *modprobe.READS,
+        *modprobe.INITRAMFS_READS,
+        *modprobe.IMAGE_READS,
         *nvidia.DRIVER_READS,
         *pci.DEVICE_READS,
         *ENVIRONMENT_READS,
     )
-    fix_reads: ClassVar[tuple[str, ...]] = (*modprobe.INITRAMFS_READS, nvidia.OPERATOR_ROOT)
+    fix_reads: ClassVar[tuple[str, ...]] = (nvidia.OPERATOR_ROOT,)
     rationale: ClassVar[str] = (
         "With HMM on, nvidia-uvm reserves a device-private physical range as large as each "
         "GPU's memory; with KASLR on some kernels that reservation fails and cuInit returns "
@@ -166,8 +175,12 @@ class NvidiaUvmHmm(Check[UvmHmmOptions]):
         kaslr = "nokaslr" not in params and (build is None
                                              or build.get("CONFIG_RANDOMIZE_BASE", "y") != "n")
         ev["kaslr"] = "on" if kaslr else "off"
-        pending = (f"; {setting.where} turns it off once nvidia_uvm is reloaded or the host "
-                   "reboots" if configured_off and setting is not None else "")
+        pending = ""
+        fix = CONF_LINE + " in /etc/modprobe.d, then reload nvidia_uvm or reboot"
+        if configured_off and setting is not None:
+            # Judged by what runs (HMM on), not by what is written: the setting is the
+            # pending fix, and the fix does not write it a second time.
+            pending, fix = self._pending(host, setting, release, config, ev)
         count = f"{len(gpus)} NVIDIA GPU(s)"
         if not kaslr:
             if blackwell:
@@ -175,7 +188,7 @@ class NvidiaUvmHmm(Check[UvmHmmOptions]):
                     "nvidia_uvm", f"HMM is on ({state}) with KASLR off on {count}, "
                     f"{len(blackwell)} of them Blackwell: the KASLR failure is avoided, the HMM "
                     "eviction deadlock of open-gpu-kernel-modules #1223 is not" + pending,
-                    observed=live or "N", expected="Y", fix=CONF_LINE, evidence=ev)
+                    observed=live or "N", expected="Y", fix=fix, evidence=ev)
             return self.passed(
                 "nvidia_uvm", f"HMM is on ({state}) but KASLR is off (nokaslr): the known "
                 f"cuInit failure does not apply to these {count}" + pending,
@@ -187,16 +200,37 @@ class NvidiaUvmHmm(Check[UvmHmmOptions]):
                 "cuInit on some kernels too: open-gpu-kernel-modules #797, #947)" + pending,
                 observed=live or "N", evidence=ev)
         status = Status.FAIL if blackwell and self.options.blackwell == "fail" else Status.WARN
-        if configured_off:
-            status = Status.WARN
         what = (f"{count}, {len(blackwell)} of them Blackwell" if blackwell else count)
         return self.finding(
             status, "nvidia_uvm",
             f"UVM HMM is on ({state}) with KASLR on {what}: cuInit can fail "
             "(request_free_mem_region() err -34) and NCCL P2P can lock up" + pending,
-            observed=live or "N", expected="Y (uvm_disable_hmm=1)",
-            fix=CONF_LINE + " in /etc/modprobe.d, then reload nvidia_uvm or reboot",
-            evidence=ev)
+            observed=live or "N", expected="Y (uvm_disable_hmm=1)", fix=fix, evidence=ev)
+
+    def _pending(self, host: Host, setting: modprobe.ModOption, release: str,
+                 config: modprobe.ModprobeConfig, ev: dict[str, str]) -> tuple[str, str]:
+        """Return the message tail and fix naming a written setting that is not live yet."""
+        ramfs = modprobe.initramfs(host, INITRAMFS_MODULES)
+        tail = (f"; {setting.where} sets {PARAM}={setting.value}, not live yet: it applies "
+                "once nvidia_uvm is reloaded (no CUDA process running) or the host reboots")
+        fix = "reload nvidia_uvm with no CUDA process running (modprobe -r nvidia_uvm; " \
+            "modprobe nvidia_uvm), or reboot"
+        if not ramfs.carries or not setting.path:
+            return tail, fix
+        ev["initramfs_carries"] = ramfs.where
+        age = modprobe.initramfs_age(host, release, config, INITRAMFS_MODULES)
+        rebuild = " ".join(ramfs.rebuild) or "rebuild the initramfs"
+        if age.unknown:
+            ev["initramfs_age"] = age.unknown
+            return (tail + f"; the initramfs carries the nvidia modules ({ramfs.where}) and "
+                    f"whether it holds the setting cannot be told ({age.unknown})",
+                    f"{rebuild} if it predates {setting.path}, then {fix}")
+        if setting.path in age.newer:
+            ev["initramfs_stale"] = age.image
+            return (tail + f"; {age.image}, which loads the nvidia modules at boot, is older "
+                    f"than {setting.path}: rebuild it ({rebuild}) or a reboot brings HMM back",
+                    f"{rebuild}, then {fix}")
+        return tail + f" ({age.image} already carries it)", fix
 
     def _off_or_pending(self, live: str | None, setting: modprobe.ModOption | None, state: str,
                         ev: dict[str, str]) -> Finding:
@@ -222,9 +256,11 @@ class NvidiaUvmHmm(Check[UvmHmmOptions]):
             ReplaceLine,
             RunCommand,
             WriteFile,
+            evidence,
         )
         remedies: list[Remedy] = []
         for finding in findings:
+            ev = evidence(finding)
             config = modprobe.read_config(host)
             steps: list[Step] = []
             notes: list[str] = []
@@ -247,14 +283,25 @@ class NvidiaUvmHmm(Check[UvmHmmOptions]):
                        for o in config.options_for(MODULE)):
                 steps.insert(0, WriteFile(CONF, CONF_LINE + "\n"))
             ramfs = modprobe.initramfs(host, INITRAMFS_MODULES)
+            rebuild: list[Advice] = []
             if ramfs.carries and ramfs.rebuild and steps:
+                # Built after the edit, so the image carries it (initramfs-tools'
+                # mkinitramfs copies modprobe.d; dracut's 90kernel-modules installs it).
                 steps.append(RunCommand(ramfs.rebuild, after=tuple(range(len(steps))),
                                         undo=ramfs.rebuild))
                 notes.append(f"the initramfs carries the nvidia modules ({ramfs.where}): it is "
                              "rebuilt so the option applies at boot")
-            elif ramfs.carries and ramfs.rebuild:
+            elif ramfs.carries and ramfs.rebuild and ev.get("initramfs_stale"):
+                # The setting is written already; only the image lags behind it. A
+                # RunCommand runs after a step of its remedy changed something, and none
+                # does here: the rebuild is the first thing to do by hand.
+                rebuild.append(Advice(f"rebuild the initramfs: {ev['initramfs_stale']} predates "
+                                      "the setting and loads nvidia_uvm at boot",
+                                      ramfs.rebuild))
+            elif ramfs.carries and ramfs.rebuild and ev.get("initramfs_age"):
                 notes.append(f"the initramfs carries the nvidia modules ({ramfs.where}): "
-                             f"rebuild it ({' '.join(ramfs.rebuild)}) so the option applies")
+                             f"rebuild it ({' '.join(ramfs.rebuild)}) if it predates the "
+                             "setting")
             if host.exists(nvidia.OPERATOR_ROOT):
                 notes.append("the GPU Operator's driver container ignores the host's "
                              "modprobe.d: set uvm_disable_hmm=1 in its kernel-module-params "
@@ -264,6 +311,7 @@ class NvidiaUvmHmm(Check[UvmHmmOptions]):
                 title="turn UVM HMM off (uvm_disable_hmm=1)",
                 persistent=tuple(steps), boot_params=boot_params, notes=tuple(notes),
                 advice=(
+                    *rebuild,
                     Advice("with no CUDA process running (stop the inference server, "
                            "nvidia-persistenced, dcgm), reload nvidia_uvm to apply it now",
                            ("modprobe", "-r", MODULE)),

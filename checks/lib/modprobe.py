@@ -319,3 +319,83 @@ def initramfs(host: Host, modules: tuple[str, ...]) -> Initramfs:
     if host.exists(MKINITCPIO_CONFS[0]):
         return Initramfs("mkinitcpio", False)
     return Initramfs("", None)
+
+
+# -- whether the initramfs holds the current configuration ------------------------------------
+
+#: Initramfs images by kernel release: initramfs-tools writes ``/boot/initrd.img-<release>``
+#: (mkinitramfs(8), update-initramfs(8)); dracut and mkinitcpio ``/boot/initramfs-<release>.img``
+#: (dracut(8) "--regenerate-all", dracut.conf(5)).
+IMAGE_PATTERNS = ("/boot/initrd.img-{release}", "/boot/initramfs-{release}.img")
+#: What :func:`initramfs_age` reads (besides :data:`READS` and :data:`INITRAMFS_READS`).
+IMAGE_READS: tuple[str, ...] = ("/boot/initrd.img-*", "/boot/initramfs-*.img")
+#: modprobe.d directories a build copies into the image. initramfs-tools' mkinitramfs copies
+#: ``/etc/modprobe.d/*.conf`` and ``/lib/modprobe.d/*.conf`` (``copy_file config``); dracut's
+#: modules.d/90kernel-modules/module-setup.sh installs the modprobe.d ``*.conf`` files of
+#: /etc, /lib and /usr/lib (``inst_multiple -H -o``). /run/modprobe.d is not persistent and
+#: is read from the root file system at boot, never from the image.
+IMAGE_MODPROBE_DIRS = ("/etc/modprobe.d", "/usr/local/lib/modprobe.d", "/usr/lib/modprobe.d",
+                       "/lib/modprobe.d")
+
+
+class ImageAge(NamedTuple):
+    """Whether a kernel's initramfs image was built after the modprobe files it must carry."""
+
+    #: The image judged ("" when none was found).
+    image: str
+    #: The files (path) setting options or directives for the modules, written after the
+    #: image was built: the image holds an older copy of them, or none.
+    newer: tuple[str, ...] = ()
+    #: The files judged (every one that names the modules).
+    files: tuple[str, ...] = ()
+    #: Why it cannot be told ("" when it was judged).
+    unknown: str = ""
+
+
+def _module_files(config: ModprobeConfig, modules: tuple[str, ...]) -> list[str]:
+    """Return the modprobe.d files that set options or directives for any of ``modules``."""
+    wanted = {module_name(m) for m in modules}
+    found: dict[str, None] = {}
+    named = [(o.path, o.module) for o in config.options]
+    named += [(d.path, d.module) for d in config.directives]
+    for path, module in named:
+        if path and module in wanted and path.rsplit("/", 1)[0] in IMAGE_MODPROBE_DIRS:
+            found.setdefault(path)
+    # In the order kmod reads them (by name across directories).
+    return [p for p in config.files if p in found][:MAX_FILES]
+
+
+def initramfs_age(host: Host, release: str, config: ModprobeConfig,
+                  modules: tuple[str, ...]) -> ImageAge:
+    """Return whether ``release``'s initramfs image is older than the modules' modprobe files.
+
+    Only meaningful where the image carries the modules (:func:`initramfs`): a module loaded
+    from the image reads the image's copy of modprobe.d, and a file changed after the build
+    does not reach it until the image is rebuilt. Missing is not absent: an image that is not
+    there, or whose time (or a file's) this collection did not carry, is ``unknown``.
+    """
+    judged = _module_files(config, modules)
+    if not judged:
+        return ImageAge("", (), (), "no modprobe.d file sets options for these modules")
+    if not release:
+        return ImageAge("", (), tuple(judged), "the running kernel's release cannot be read")
+    candidates = [t.format(release=release) for t in IMAGE_PATTERNS]
+    image = next((p for p in candidates if host.exists(p)), "")
+    if not image:
+        return ImageAge("", (), tuple(judged), f"no initramfs image for kernel {release} "
+                        f"({' or '.join(candidates)})")
+    built = host.mtime(image)
+    if built is None:
+        return ImageAge(image, (), tuple(judged), f"the time {image} was built is not known "
+                        "(this collection keeps no file times)")
+    newer: list[str] = []
+    for path in judged:
+        written = host.mtime(path)
+        if written is None:
+            return ImageAge(image, (), tuple(judged), f"the time {path} was written is not "
+                            "known (this collection keeps no file times)")
+        # Whole seconds: a capture keeps no more, and a build in the same second as the
+        # edit read the edited file.
+        if int(written) > int(built):
+            newer.append(path)
+    return ImageAge(image, tuple(newer), tuple(judged))

@@ -57,8 +57,13 @@ def test_uvm_hmm_fix_writes_the_option_and_says_how_to_reload(tmp_path: Path) ->
     assert run(fix, copy).returncode == 0
     assert (copy / CONF.lstrip("/")).read_text() == "options nvidia_uvm uvm_disable_hmm=1\n"
     after = judge(NvidiaUvmHmm, copy)["nvidia_uvm"]
-    assert after.status is Status.WARN
-    assert f"{CONF}:1 turns it off once nvidia_uvm is reloaded" in after.message
+    # Written, not live: judged by the live value (HMM on, Blackwell), the setting named.
+    assert after.status is Status.FAIL
+    assert (f"{CONF}:1 sets uvm_disable_hmm=1, not live yet: it applies once nvidia_uvm is "
+            "reloaded (no CUDA process running) or the host reboots") in after.message
+    assert after.fix.startswith("reload nvidia_uvm with no CUDA process running")
+    # The fix does not write the option a second time: nothing left to change on disk.
+    assert plan(NvidiaUvmHmm, copy).actions == ()
 
 
 def test_uvm_hmm_fix_rebuilds_an_initramfs_that_carries_nvidia(tmp_path: Path) -> None:
@@ -72,7 +77,88 @@ def test_uvm_hmm_fix_rebuilds_an_initramfs_that_carries_nvidia(tmp_path: Path) -
     assert any("/etc/dracut.conf.d/nvidia.conf:1" in n for n in section.remedy.notes)
 
 
+def test_uvm_hmm_pending_behind_an_old_initramfs_names_the_rebuild(tmp_path: Path) -> None:
+    """Configured off, on live, the image that loads nvidia_uvm at boot built before the
+    setting: the verdict is the live harm, the message names the setting and the image, and
+    the fix rebuilds the image first without writing the option again."""
+    setting = {CONF: "options nvidia_uvm uvm_disable_hmm=1\n"}
+    root = node(tmp_path, DriverSpec(gpu_device=RTX_PRO_6000, initramfs_nvidia=True,
+                                     initramfs_stale=True, modprobe=setting))
+    found = judge(NvidiaUvmHmm, root)["nvidia_uvm"]
+    assert found.status is Status.FAIL
+    assert f"{CONF}:1 sets uvm_disable_hmm=1, not live yet" in found.message
+    assert (f"/boot/initrd.img-6.8.0-45-generic, which loads the nvidia modules at boot, is "
+            f"older than {CONF}: rebuild it (update-initramfs -u -k all) or a reboot brings "
+            "HMM back") in found.message
+    assert found.fix.startswith("update-initramfs -u -k all, then reload nvidia_uvm")
+    fixes = plan(NvidiaUvmHmm, root)
+    assert fixes.actions == ()  # no second uvm_disable_hmm=1, nothing written
+    [section] = fixes.sections
+    argvs = [a.argv for a in section.remedy.advice]
+    assert argvs.index(("update-initramfs", "-u", "-k", "all")) < argvs.index(
+        ("modprobe", "-r", "nvidia_uvm"))
+    # Built after the setting: only the reload is pending, and the image is said to carry it.
+    fresh = node(tmp_path, DriverSpec(gpu_device=RTX_PRO_6000, initramfs_nvidia=True,
+                                      modprobe=setting), "fresh")
+    found = judge(NvidiaUvmHmm, fresh)["nvidia_uvm"]
+    assert found.status is Status.FAIL
+    assert "(/boot/initrd.img-6.8.0-45-generic already carries it)" in found.message
+    assert not [a for a in plan(NvidiaUvmHmm, fresh).sections[0].remedy.advice
+                if a.argv and a.argv[0] == "update-initramfs"]
+
+
+def test_uvm_hmm_pending_without_file_times_says_it_cannot_tell(tmp_path: Path) -> None:
+    from auditor.hosts.archive import ArchiveHost
+
+    tree = build_driver_host(DriverSpec(gpu_device=RTX_PRO_6000, initramfs_nvidia=True,
+                                        modprobe={CONF: "options nvidia_uvm uvm_disable_hmm=1\n"}))
+    tree.mtimes.clear()  # a capture that keeps no times (the sh collector, a snapshot)
+    host = ArchiveHost.from_path(str(tree.write_tar(tmp_path / "node.tar.gz")))
+    [found] = NvidiaUvmHmm().evaluate(host)
+    assert found.status is Status.FAIL
+    assert "whether it holds the setting cannot be told (the time " in found.message
+    assert "older than" not in found.message
+
+
 # -- nvidia.modparams ------------------------------------------------------------------------
+
+
+def test_modparams_initramfs_older_than_the_options(tmp_path: Path) -> None:
+    bar = {"/etc/modprobe.d/nvidia.conf": "options nvidia NVreg_EnableResizableBar=1\n"}
+    root = node(tmp_path, DriverSpec(initramfs_nvidia=True, initramfs_stale=True, modprobe=bar,
+                                     params={"EnableResizableBar": "1"}))
+    found = judge(NvidiaModparams, root)
+    assert found["nvidia"].status is Status.PASS  # live as configured: only the image lags
+    image = found["initramfs"]
+    assert image.status is Status.WARN
+    assert image.message.startswith("/boot/initrd.img-6.8.0-45-generic is older than "
+                                    "/etc/modprobe.d/nvidia.conf: the initramfs carries the "
+                                    "nvidia modules (/etc/initramfs-tools/modules:2)")
+    assert image.fix == "update-initramfs -u -k all"
+    [section] = plan(NvidiaModparams, root).sections
+    assert section.remedy.subject == "initramfs" and section.remedy.reboot
+    assert ("update-initramfs", "-u", "-k", "all") in [a.argv for a in section.remedy.advice]
+    # dracut hosts: the image is /boot/initramfs-<release>.img, rebuilt by dracut.
+    rhel = node(tmp_path, DriverSpec(initramfs_nvidia=True, initramfs_stale=True, modprobe=bar,
+                                     distro="rhel", version_id="9.6", boot="bls",
+                                     running="5.14.0-570.23.1.el9_6.x86_64"), "rhel")
+    image = judge(NvidiaModparams, rhel)["initramfs"]
+    assert image.status is Status.WARN and image.fix == "dracut -f --regenerate-all"
+    assert "/boot/initramfs-5.14.0-570.23.1.el9_6.x86_64.img is older" in image.message
+
+
+def test_modparams_initramfs_image_missing_is_a_skip(tmp_path: Path) -> None:
+    root = node(tmp_path, DriverSpec(initramfs_nvidia=True, modprobe={
+        "/etc/modprobe.d/nvidia.conf": "options nvidia NVreg_EnableResizableBar=1\n"}))
+    (root / "boot/initrd.img-6.8.0-45-generic").unlink()
+    image = judge(NvidiaModparams, root)["initramfs"]
+    assert image.status is Status.SKIP
+    assert "cannot be told: no initramfs image for kernel 6.8.0-45-generic" in image.message
+    # Modules loaded from the root file system read modprobe.d there: no image to judge.
+    plain = node(tmp_path, DriverSpec(initramfs_stale=True, modprobe={
+        "/etc/modprobe.d/nvidia.conf": "options nvidia NVreg_EnableResizableBar=1\n"}), "plain")
+    assert "initramfs" not in judge(NvidiaModparams, plain)
+
 
 
 def test_modparams_names_file_line_and_live_value(tmp_path: Path) -> None:
@@ -86,7 +172,9 @@ def test_modparams_names_file_line_and_live_value(tmp_path: Path) -> None:
     # The registry name is EnablePCIERelaxedOrderingMode: the misspelt option was ignored.
     assert "NVreg_EnablePCIeRelaxedOrderingMode=1 (/etc/modprobe.d/nvidia.conf:1) is not a " \
         "parameter of the loaded nvidia" in found.message
-    assert "/etc/initramfs-tools/modules:2" in found.message
+    assert "/boot/initrd.img-6.8.0-45-generic, which loads the nvidia modules at boot, was " \
+        "built after them" in found.message
+    assert judge(NvidiaModparams, root)["initramfs"].status is Status.PASS
 
 
 # -- nvidia.driver ---------------------------------------------------------------------------
@@ -292,7 +380,11 @@ DRIVER_CHECKS = (KernelVersion, NvidiaUvmHmm, NvidiaModparams, NvidiaDriver, Nvi
     DriverSpec(nvswitches=4, fabricmanager="running", persistenced="no-persistence",
                gpu_device=RTX_PRO_6000, modprobe={
                    "/etc/modprobe.d/nvidia.conf": "options nvidia NVreg_EnableResizableBar=1\n"}),
-], ids=["mid-upgrade", "hgx"])
+    # File times travel with the collection: the image is judged older there too.
+    DriverSpec(gpu_device=RTX_PRO_6000, initramfs_nvidia=True, initramfs_stale=True,
+               modprobe={"/etc/modprobe.d/nvidia-uvm.conf":
+                         "options nvidia_uvm uvm_disable_hmm=1\n"}),
+], ids=["mid-upgrade", "hgx", "stale-initramfs"])
 def test_a_collection_of_the_declared_reads_judges_alike(tmp_path: Path, spec: DriverSpec) -> None:
     """Collected by their reads alone (as over SSH or in a snapshot), the checks judge alike."""
     from auditor.hosts.archive import ArchiveHost
@@ -307,6 +399,8 @@ def test_a_collection_of_the_declared_reads_judges_alike(tmp_path: Path, spec: D
                 for f in c().evaluate(narrowed)}
     assert replayed == whole
     assert Status.FAIL in whole.values()
+    if spec.initramfs_stale:
+        assert whole[("nvidia.modparams", "initramfs")] is Status.WARN
 
 
 def test_the_gpu_operator_brings_its_own_module(tmp_path: Path) -> None:

@@ -82,3 +82,68 @@ def test_initramfs_tools_dracut_and_mkinitcpio(h200: Sysroot) -> None:
     h200.write("/etc/dracut.conf.d/99-nvidia.conf", 'force_drivers+=" nvidia "\n')
     found = modprobe.initramfs(DirectoryHost(str(h200.root)), ("nvidia",))
     assert (found.carries, found.where) == (True, "/etc/dracut.conf.d/99-nvidia.conf:1")
+
+
+# -- initramfs_age: the image against the modprobe.d files it must carry --------------------
+
+RELEASE = "6.8.0-45-generic"
+IMAGE = f"/boot/initrd.img-{RELEASE}"
+
+
+def _aged(root: Sysroot, files: dict[str, float]) -> modprobe.ImageAge:
+    import os
+
+    for path, when in files.items():
+        os.utime(root.root / path.lstrip("/"), (when, when))
+    host = DirectoryHost(str(root.root))
+    return modprobe.initramfs_age(host, RELEASE, modprobe.read_config(host),
+                                  ("nvidia", "nvidia_uvm"))
+
+
+def test_initramfs_age_by_the_files_that_name_the_modules(h200: Sysroot) -> None:
+    h200.write(IMAGE, b"\x1f\x8b")
+    h200.write("/etc/modprobe.d/nvidia-uvm.conf", "options nvidia-uvm uvm_disable_hmm=1\n")
+    h200.write("/lib/modprobe.d/50-nvidia.conf", "blacklist nvidia\n")
+    h200.write("/etc/modprobe.d/other.conf", "options snd_hda_intel power_save=0\n")
+    # Not carried by any image build: read from the root file system at boot.
+    h200.write("/run/modprobe.d/nvidia-late.conf", "options nvidia NVreg_A=1\n")
+    found = _aged(h200, {IMAGE: 2000.0, "/etc/modprobe.d/nvidia-uvm.conf": 3000.0,
+                         "/lib/modprobe.d/50-nvidia.conf": 1000.0,
+                         "/etc/modprobe.d/other.conf": 9000.0,
+                         "/run/modprobe.d/nvidia-late.conf": 9000.0})
+    assert found == modprobe.ImageAge(
+        IMAGE, ("/etc/modprobe.d/nvidia-uvm.conf",),
+        ("/lib/modprobe.d/50-nvidia.conf", "/etc/modprobe.d/nvidia-uvm.conf"), "")
+    # Rebuilt in the same second as the edit: it read the edited file.
+    found = _aged(h200, {IMAGE: 3000.9})
+    assert (found.newer, found.unknown) == ((), "")
+
+
+def test_initramfs_age_missing_is_not_older(h200: Sysroot) -> None:
+    h200.write("/etc/modprobe.d/nvidia.conf", "options nvidia NVreg_EnableResizableBar=1\n")
+    found = _aged(h200, {})
+    assert found.image == "" and found.newer == ()
+    assert found.unknown == (f"no initramfs image for kernel {RELEASE} ({IMAGE} or "
+                             f"/boot/initramfs-{RELEASE}.img)")
+    host = DirectoryHost(str(h200.root))
+    assert "cannot be read" in modprobe.initramfs_age(
+        host, "", modprobe.read_config(host), ("nvidia",)).unknown
+
+
+def test_initramfs_age_unknown_where_a_capture_keeps_no_times(h200: Sysroot) -> None:
+    from auditor.hosts.archive import ArchiveHost
+    from tests.support.hostgen.base import Tree
+
+    tree = Tree()
+    tree.put(IMAGE, b"\x1f\x8b")
+    tree.put("/etc/modprobe.d/nvidia.conf", "options nvidia NVreg_EnableResizableBar=1\n")
+    kept = tree.write_tar(h200.root / "kept.tar.gz")
+    host = ArchiveHost.from_path(str(kept))
+    assert host.mtime(IMAGE) is None  # written with no times (0): not known, never "1970"
+    found = modprobe.initramfs_age(host, RELEASE, modprobe.read_config(host), ("nvidia",))
+    assert found.newer == () and "not known" in found.unknown
+    tree.mtimes.update({IMAGE: 1000.0, "/etc/modprobe.d/nvidia.conf": 5000.0})
+    host = ArchiveHost.from_path(str(tree.write_tar(h200.root / "timed.tar.gz")))
+    assert host.mtime(IMAGE) == 1000.0
+    found = modprobe.initramfs_age(host, RELEASE, modprobe.read_config(host), ("nvidia",))
+    assert found.newer == ("/etc/modprobe.d/nvidia.conf",)

@@ -26,6 +26,13 @@ CASES = [
     Case("RegistryDwords configured, empty live, modules in the initramfs", Status.WARN,
          base=driver_host(DriverSpec(initramfs_nvidia=True, modprobe={
              CONF: 'options nvidia NVreg_RegistryDwords="ForceP2P=0x11;RMForceP2PType=1"\n'}))),
+    Case("options written after the initramfs that carries nvidia was built", Status.WARN,
+         base=driver_host(DriverSpec(initramfs_nvidia=True, initramfs_stale=True, modprobe=BAR,
+                                     params={"EnableResizableBar": "1"}))),
+    Case("options live, the dracut initramfs built after them", Status.PASS,
+         base=driver_host(DriverSpec(initramfs_nvidia=True, distro="rhel", version_id="9.6",
+                                     boot="bls", running="5.14.0-570.23.1.el9_6.x86_64",
+                                     modprobe=BAR, params={"EnableResizableBar": "1"}))),
     Case("RegistryDwords live as configured", Status.PASS,
          base=driver_host(DriverSpec(
              modprobe={CONF: 'options nvidia NVreg_RegistryDwords="ForceP2P=0x11"\n'},

@@ -25,16 +25,24 @@ CASES = [
              CONF: "options nvidia_uvm uvm_disable_hmm=1\n"}))),
     Case("8 H100 with HMM and KASLR on: fixed, pending a reload", Status.WARN,
          base=driver_host(), fixed=True, after=Status.WARN),
-    Case("8 RTX PRO 6000 Blackwell with HMM and KASLR on: fixed, pending a reload", Status.FAIL,
-         base=driver_host(DriverSpec(gpu_device=RTX_PRO_6000)), fixed=True, after=Status.WARN),
+    # Written but not live: judged by the live value (HMM on), the setting named as pending.
+    Case("8 RTX PRO 6000 Blackwell with HMM and KASLR on: fixed, still failing until a reload",
+         Status.FAIL, base=driver_host(DriverSpec(gpu_device=RTX_PRO_6000)), fixed=True,
+         after=Status.FAIL),
     Case("Blackwell, with the nvidia modules in the initramfs (dracut)", Status.FAIL,
          base=driver_host(DriverSpec(gpu_device=RTX_PRO_6000, distro="rhel", version_id="9.6",
                                      boot="bls", running="5.14.0-570.23.1.el9_6.x86_64",
                                      initramfs_nvidia=True)),
-         fixed=True, after=Status.WARN),
-    Case("configured off in modprobe.d but still on: pending a reload", Status.WARN,
-         base=driver_host(DriverSpec(gpu_device=RTX_PRO_6000, modprobe={
+         fixed=True, after=Status.FAIL),
+    Case("configured off in modprobe.d but still on with Blackwell: fails by its live value",
+         Status.FAIL, base=driver_host(DriverSpec(gpu_device=RTX_PRO_6000, modprobe={
              CONF: "options nvidia-uvm uvm_disable_hmm=1\n"}))),
+    Case("configured off, on live, the initramfs carrying nvidia built before the setting",
+         Status.FAIL, base=driver_host(DriverSpec(
+             gpu_device=RTX_PRO_6000, initramfs_nvidia=True, initramfs_stale=True,
+             modprobe={CONF: "options nvidia_uvm uvm_disable_hmm=1\n"}))),
+    Case("configured off but still on, H100: warns by its live value", Status.WARN,
+         base=driver_host(DriverSpec(modprobe={CONF: "options nvidia_uvm uvm_disable_hmm=1\n"}))),
     Case("a later file turns HMM back on at the next load", Status.WARN,
          base=driver_host(DriverSpec(uvm_disable_hmm="Y", modprobe={
              "/etc/modprobe.d/nvidia-uvm.conf": "options nvidia_uvm uvm_disable_hmm=1\n",

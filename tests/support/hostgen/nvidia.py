@@ -31,6 +31,9 @@ RTX_PRO_6000 = 0x2BB5
 NVSWITCH = 0x22A3
 MLX5 = 0x1021
 MACHINE_ID = "0f1e2d3c4b5a69788796a5b4c3d2e1f0"
+#: When the modprobe.d files were written (2026-01-10 12:00 UTC); the initramfs is built a
+#: day before or after (``DriverSpec.initramfs_stale``).
+CONFIGURED_AT = 1768046400.0
 
 
 @dataclass
@@ -85,6 +88,9 @@ class DriverSpec:
     #: Live /sys/module parameters: (module, name) -> value.
     sys_params: dict[tuple[str, str], str] = field(default_factory=dict)
     initramfs_nvidia: bool = False
+    #: The initramfs images were built before the modprobe.d files were last written (they
+    #: carry older options); otherwise a day after.
+    initramfs_stale: bool = False
     #: ``running``, ``no-persistence`` (the flag on its command line), ``stopped``, ``absent``.
     persistenced: str = "running"
     #: ``running``, ``stopped``, ``absent``.
@@ -451,6 +457,9 @@ def build_driver_host(spec: DriverSpec | None = None) -> Tree:
                  "/usr/lib/x86_64-linux-gnu\n")
     for path, text in spec.modprobe.items():
         tree.put(path, text)
+        tree.mtimes[path] = CONFIGURED_AT
+    for path in [p for p in tree.files if p.startswith(("/boot/initrd.img-", "/boot/initramfs-"))]:
+        tree.mtimes[path] = CONFIGURED_AT + (-86400 if spec.initramfs_stale else 86400)
     if spec.initramfs_nvidia:
         if spec.distro == "rhel":
             tree.put("/etc/dracut.conf.d/nvidia.conf",
