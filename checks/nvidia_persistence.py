@@ -19,6 +19,17 @@ kept across a reboot": the driver logs "Persistence mode is deprecated and will 
 a future release. Please use nvidia-persistenced instead." when nvidia-smi -pm sets it (the
 lent H200's kernel log, tests/fixtures/hosts/h200-lent-vm.kmsg), and nothing sets it again
 at boot. Off with no daemon is the case where GPUs deinitialise between jobs.
+
+A daemon that is down because its package is of another driver version than the loaded module
+will refuse again when started: its libnvidia-cfg talks to the module through the RM API,
+which refuses a client of another version ("NVRM: API mismatch: the client has the version
+..., but this kernel module has the version ...", kernel-open/nvidia/nv.c). The finding names
+that cause (and an ``apt-mark hold`` that kept the package behind), and the fix releases the
+hold and installs the package at the module's version before starting it, as
+nvidia.fabricmanager does; it never only enables or restarts it. The daemon ships in
+``nvidia-compute-utils-<branch>[-server]`` (Ubuntu's archive and NVIDIA's repository), whose
+version is the driver's; Debian's separately built ``nvidia-persistenced`` follows its own
+release numbers and is not compared.
 """
 
 from __future__ import annotations
@@ -27,12 +38,13 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, ClassVar
 
 from auditor.check import Check, CheckOptions, Trigger
-from auditor.checks.lib import nvidia, pci, units
+from auditor.checks.lib import nvidia, packages, pci, units
 from auditor.environment import READS as ENVIRONMENT_READS
 from auditor.environment import environment
 from auditor.hosts import gpufiles
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity
+from auditor.parsing import lazy_re
 
 if TYPE_CHECKING:
     from auditor.remediations.steps import Advice, FixContext, Remedy, Step
@@ -43,6 +55,9 @@ PIDFILES = ("/run/nvidia-persistenced/nvidia-persistenced.pid",
 COMM = "nvidia-persistenced"
 FLAG = "--no-persistence-mode"
 DROP_IN = f"/etc/systemd/system/{UNIT}.d/host-auditor-persistence.conf"
+#: The packages that ship the daemon at the driver's version (branch, server or not).
+_PACKAGE = lazy_re(r"nvidia-compute-utils-([0-9]{3,4})(-server)?")
+_DEB_VERSION = lazy_re(r"(?:[0-9]+:)?([0-9]{1,4}\.[0-9]{1,4}(?:\.[0-9]{1,4})?)")
 #: Where the driver's own state was not read: persistence set by hand cannot be told.
 _LEGACY = ("whether persistence was set by hand (nvidia-smi -pm 1, lost at reboot) cannot be "
            "told without the driver's state")
@@ -59,6 +74,16 @@ def drop_in_text(argv: Sequence[str]) -> str:
     kept = [a for a in argv if a != FLAG]
     return ("# Written by host-auditor: keep persistence mode on.\n[Service]\nExecStart=\n"
             f"ExecStart={shlex.join(kept)}\n")
+
+
+def daemon_package(host: Host) -> tuple[packages.Package, str] | None:
+    """Return the installed package that ships the daemon and its driver-style version."""
+    for package in packages.dpkg_packages(host).installed("nvidia-compute-utils-"):
+        if _PACKAGE.fullmatch(package.name):
+            match = _DEB_VERSION.match(package.version)
+            if match:
+                return package, match.group(1)
+    return None
 
 
 def _effective(host: Host) -> str | None:
@@ -93,6 +118,7 @@ class NvidiaPersistence(Check[CheckOptions]):
         *units.UNIT_DIRS,
         "/run",
         *units.UDEV_RULES,
+        *packages.DPKG_READS,
         *nvidia.DRIVER_READS,
         *pci.DEVICE_READS,
         *ENVIRONMENT_READS,
@@ -154,6 +180,16 @@ class NvidiaPersistence(Check[CheckOptions]):
                     evidence=ev)
             where = ("not installed" if not unit.installed else "not running"
                      + ("" if at_boot else " and nothing starts it at boot"))
+            mismatch = self._mismatch(host, driver, unit.installed, ev)
+            if mismatch:
+                return self.warned(
+                    COMM, f"nvidia-persistenced is not running: {mismatch}; started again it "
+                    "refuses again, and nothing keeps the GPUs initialised",
+                    observed=f"not running ({ev['package_version']})",
+                    expected=f"{ev['package']} at {ev['driver']}", evidence=ev,
+                    fix=(f"apt-mark unhold {ev['package']}; " if "package_held" in ev else "")
+                    + f"install {ev['package_for_driver']} at {ev['driver']}, hold it, then "
+                    f"start {UNIT}")
             if effective == "on":
                 return self.warned(
                     COMM, "persistence is on now (the driver reports it enabled on every "
@@ -207,6 +243,31 @@ class NvidiaPersistence(Check[CheckOptions]):
             f"at boot by {'the udev rule ' + udev if udev else ', '.join(unit.enabled_by)}",
             observed="running", evidence=ev)
 
+    def _mismatch(self, host: Host, driver: nvidia.LoadedDriver | None, installed: bool,
+                  ev: dict[str, str]) -> str:
+        """Return why the daemon cannot run against the loaded module ("" if no such cause)."""
+        found = daemon_package(host)
+        if driver is None or not installed or found is None:
+            return ""
+        package, version = found
+        if version == driver.version:
+            return ""
+        branch = driver.version.split(".")[0]
+        match = _PACKAGE.fullmatch(package.name)
+        # A branch package never carries another branch's versions: the driver's branch has
+        # its own (nvidia-compute-utils-580-server for 580.x).
+        for_driver = package.name if match is None or match.group(1) == branch else \
+            f"nvidia-compute-utils-{branch}{match.group(2) or ''}"
+        ev.update(package=package.name, package_version=package.version[:64],
+                  driver=driver.version, package_for_driver=for_driver)
+        held = ""
+        if package.held:
+            ev["package_held"] = package.name
+            held = "; the package is held (apt-mark hold), so the driver's upgrade left it behind"
+        return (f"its package {package.name} is {version} and the loaded driver is "
+                f"{driver.version}: the daemon's NVIDIA libraries refuse a kernel module of "
+                f"another version (NVRM: API mismatch){held}")
+
     # -- the fix ------------------------------------------------------------------------------
 
     def remediate(
@@ -241,14 +302,19 @@ class NvidiaPersistence(Check[CheckOptions]):
                 steps.append(RunCommand(("systemctl", "daemon-reload"),
                                         after=tuple(range(len(steps))),
                                         undo=("systemctl", "daemon-reload"), optional=True))
-            if not unit.installed:
+            if ev.get("package_for_driver") and ev.get("driver"):
+                # The cause found drives the fix: starting it before the versions match
+                # fails again (nvidia.fabricmanager does the same for its daemon).
+                advice.extend(_match_driver(ev))
+            elif not unit.installed:
                 advice.append(Advice("install the driver's nvidia-persistenced (the "
                                      "nvidia-compute-utils package on Ubuntu)"))
             else:
                 advice.append(Advice("restart the daemon with the new settings",
                                      ("systemctl", "restart", UNIT)))
-            advice.append(Advice("or turn persistence on until the next reboot",
-                                 ("nvidia-smi", "-pm", "1")))
+            if not ev.get("package_for_driver"):
+                advice.append(Advice("or turn persistence on until the next reboot",
+                                     ("nvidia-smi", "-pm", "1")))
             if unit.installed and not unit.wanted_by and not ev.get("udev_rule"):
                 notes.append(f"{UNIT} has no [Install] section and no udev rule starts it: "
                              "start it from the driver's udev rule or a unit of your own")
@@ -258,3 +324,27 @@ class NvidiaPersistence(Check[CheckOptions]):
                 persistent=tuple(steps), advice=tuple(advice), notes=tuple(notes),
             ))
         return remedies
+
+
+def _match_driver(ev: dict[str, str]) -> list[Advice]:
+    """Return the steps by hand that bring the daemon's package to the loaded driver's version."""
+    from auditor.checks.nvidia_fabricmanager import pinned_version
+    from auditor.remediations.steps import Advice
+
+    name, driver = ev["package_for_driver"], ev["driver"]
+    upstream = _DEB_VERSION.match(ev.get("package_version", ""))
+    pinned = pinned_version(ev.get("package_version", ""), upstream.group(1), driver) \
+        if upstream else ""
+    advice: list[Advice] = []
+    if ev.get("package_held"):
+        advice.append(Advice("release the hold that kept it at the old version",
+                             ("apt-mark", "unhold", ev["package_held"])))
+    advice.append(Advice(f"install {name} at version {driver}, the loaded driver's (apt-cache "
+                         f"policy {name} lists the versions; or reboot into the driver the "
+                         "package is of, which nvidia.driver reports)",
+                         ("apt-get", "install", f"{name}={pinned}" if pinned else name)))
+    advice.append(Advice("hold it with the driver so they upgrade together",
+                         ("apt-mark", "hold", name)))
+    advice.append(Advice("then start it (it refuses to start before the versions match)",
+                         ("systemctl", "start", UNIT)))
+    return advice

@@ -301,6 +301,51 @@ def test_fabricmanager_down_for_a_held_older_version_names_the_cause(tmp_path: P
     assert unhold < install < start
 
 
+def test_persistence_down_for_a_held_other_version_names_the_cause(tmp_path: Path) -> None:
+    """Its libraries refuse a module of another version: the message says so, and the fix
+    releases the hold and pins the package before starting it (never restart or enable
+    alone, which fail again)."""
+    root = node(tmp_path, DriverSpec(persistenced="stopped", held=True,
+                                     persistenced_version="580.82.07"))
+    found = judge(NvidiaPersistence, root)["nvidia-persistenced"]
+    assert found.status is Status.WARN
+    assert ("its package nvidia-compute-utils-580-server is 580.82.07 and the loaded driver is "
+            "580.95.05") in found.message
+    assert "held (apt-mark hold)" in found.message and "API mismatch" in found.message
+    assert found.fix.startswith("apt-mark unhold nvidia-compute-utils-580-server; ")
+    assert "enable --now" not in found.fix
+    [section] = plan(NvidiaPersistence, root).sections
+    argvs = [a.argv for a in section.remedy.advice]
+    unhold = argvs.index(("apt-mark", "unhold", "nvidia-compute-utils-580-server"))
+    install = argvs.index(("apt-get", "install",
+                           "nvidia-compute-utils-580-server=580.95.05-0ubuntu0.24.04.1"))
+    hold = argvs.index(("apt-mark", "hold", "nvidia-compute-utils-580-server"))
+    start = argvs.index(("systemctl", "start", "nvidia-persistenced.service"))
+    assert unhold < install < hold < start
+    assert ("systemctl", "restart", "nvidia-persistenced.service") not in argvs
+    assert ("nvidia-smi", "-pm", "1") not in argvs  # NVML refuses the mismatch too
+
+
+def test_persistence_package_of_another_branch_pins_the_drivers_branch(tmp_path: Path) -> None:
+    root = node(tmp_path, DriverSpec(persistenced="stopped", persistenced_version="570.172.08"))
+    found = judge(NvidiaPersistence, root)["nvidia-persistenced"]
+    assert "nvidia-compute-utils-570-server is 570.172.08" in found.message
+    assert "held" not in found.message and not found.fix.startswith("apt-mark unhold")
+    [section] = plan(NvidiaPersistence, root).sections
+    argvs = [a.argv for a in section.remedy.advice]
+    assert ("apt-get", "install", "nvidia-compute-utils-580-server=580.95.05-0ubuntu0.24.04.1") \
+        in argvs
+    assert not [a for a in argvs if a and a[:2] == ("apt-mark", "unhold")]
+    # At the driver's version the package is not the cause: stopped, started again.
+    same = node(tmp_path, DriverSpec(persistenced="stopped", persistenced_version="580.95.05"),
+                "same")
+    found = judge(NvidiaPersistence, same)["nvidia-persistenced"]
+    assert "is not running" in found.message and "package" not in found.message
+    [section] = plan(NvidiaPersistence, same).sections
+    assert ("systemctl", "restart", "nvidia-persistenced.service") in [
+        a.argv for a in section.remedy.advice]
+
+
 def test_peermem_proprietary_without_module(tmp_path: Path) -> None:
     root = node(tmp_path, DriverSpec(rdma_nics=2, flavour="proprietary"))
     found = judge(RdmaPeermem, root)["gpudirect"]
@@ -382,6 +427,7 @@ DRIVER_CHECKS = (KernelVersion, NvidiaUvmHmm, NvidiaModparams, NvidiaDriver, Nvi
                    "/etc/modprobe.d/nvidia.conf": "options nvidia NVreg_EnableResizableBar=1\n"}),
     # File times travel with the collection: the image is judged older there too.
     DriverSpec(gpu_device=RTX_PRO_6000, initramfs_nvidia=True, initramfs_stale=True,
+               persistenced="stopped", held=True, persistenced_version="580.82.07",
                modprobe={"/etc/modprobe.d/nvidia-uvm.conf":
                          "options nvidia_uvm uvm_disable_hmm=1\n"}),
 ], ids=["mid-upgrade", "hgx", "stale-initramfs"])

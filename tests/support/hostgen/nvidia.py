@@ -93,6 +93,9 @@ class DriverSpec:
     initramfs_stale: bool = False
     #: ``running``, ``no-persistence`` (the flag on its command line), ``stopped``, ``absent``.
     persistenced: str = "running"
+    #: The version of nvidia-compute-utils-<branch>-server, the package that ships
+    #: nvidia-persistenced (Debian family); None: no such package recorded.
+    persistenced_version: str | None = None
     #: ``running``, ``stopped``, ``absent``.
     fabricmanager: str = "absent"
     fabricmanager_version: str | None = None
@@ -320,6 +323,10 @@ def _packages(spec: DriverSpec, kernels: list[str]) -> str:
                 if k not in spec.without_module:
                     stanzas.append((f"linux-modules-nvidia-{branch}-server-open-{k}",
                                     f"{k.rsplit('-', 1)[0]}+{spec.driver}", f"{want} ok installed"))
+    if spec.persistenced_version and spec.distro in ("ubuntu", "debian", "proxmox"):
+        pv = spec.persistenced_version
+        stanzas.append((f"nvidia-compute-utils-{pv.split('.')[0]}-server",
+                        f"{pv}-0ubuntu0.24.04.1", f"{want} ok installed"))
     if spec.fabricmanager != "absent":
         fm = spec.fabricmanager_version or spec.driver
         stanzas.append((f"nvidia-fabricmanager-{fm.split('.')[0]}", f"{fm}-1",
