@@ -104,6 +104,8 @@ def ssh_target() -> Iterator[SshTarget]:
     finally:
         lab.close()
         shutil.rmtree(lab.root, ignore_errors=True)
+        # Ansible's remote temporary directory of the user (ANSIBLE_REMOTE_TMP).
+        shutil.rmtree(f"/tmp/.ansible-{ENGINE_USER}", ignore_errors=True)
 
 
 # -- Debian's node_exporter with only its textfile collector ------------------------------

@@ -456,6 +456,9 @@ def test_readme_tune_play_installed_by_ansible_galaxy(ansible: Ansible, image: P
     play[0]["hosts"] = "gpu"
     play[0]["tasks"][0]["host_auditor.gpuhost.audit"].update(root=str(image))
     play[0]["tasks"][0]["register"] = "tune"
+    # The fix's state goes to the run's own directory, as a sysroot's owner would keep it,
+    # never to this machine's /var/lib/host-auditor (the play honours environment:).
+    play[0]["environment"] = {"HOST_AUDITOR_STATE_DIR": str(ansible.state)}
     playbook = tmp_path / "tune.yml"
     playbook.write_text(yaml.safe_dump(play, sort_keys=False))
     before = tree_hash(image)
@@ -471,3 +474,4 @@ def test_readme_tune_play_installed_by_ansible_galaxy(ansible: Ansible, image: P
     assert "changed=1" in runs[0] and "+pcie.mrrs 0000:18:00.0: 4096" in runs[0]
     assert "changed=1" in runs[1] and tree_hash(image) != before
     assert "changed=0" in runs[2]
+    assert list(ansible.state.rglob("rollback.sh")), "the fix kept no rollback in the play's place"
