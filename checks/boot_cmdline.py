@@ -147,9 +147,7 @@ class BootCmdline(Check[CheckOptions]):
     severity: ClassVar[Severity] = Severity.MEDIUM
     version_added: ClassVar[str] = "0.1.0"
     reads: ClassVar[tuple[str, ...]] = (
-        *bootloader.READS,
-        *kernels.RELEASE_READS,
-        *kernels.NEXT_BOOT_READS,
+        *bootloader.NEXT_BOOT_READS,
         OS_RELEASE,
         *ENVIRONMENT_READS,
     )
@@ -177,23 +175,20 @@ class BootCmdline(Check[CheckOptions]):
             yield self.skipped("tokens", reason)
             return
         os_release = parse_os_release(files.read_optional(host, OS_RELEASE) or "")
-        live_text = (files.read_optional(host, PROC_CMDLINE) or "")[:8192]
-        live = live_text.split()[:1024]
-        running = kernels.running_kernel(host) or ""
-        installed = kernels.installed_kernels(host)
-        nxt = kernels.next_boot(host, running, installed)
-        release = nxt.release if nxt else running
-        configured = bootloader.configured(host, release, os_release)
+        # The one view of the next boot every check shares (checks/lib/bootloader.py).
+        nxt = bootloader.next_boot(host)
+        live = list(nxt.live)
+        running, release, configured = nxt.running, nxt.release, nxt.configured
         line_name = kernels.classify(running, os_release).name if running else ""
-        yield self._pending(host, configured, live, running, release, nxt)
+        yield self._pending(configured, live, running, release, nxt)
         yield self._tokens(configured, live, line_name)
 
     # -- configured against booted --------------------------------------------------------
 
-    def _pending(self, host: Host, configured: Configured | None, live: list[str],
-                 running: str, release: str, nxt: kernels.NextBoot | None) -> Finding:
-        base = {"running": running, "next_boot": release,
-                "next_boot_how": nxt.how if nxt else "", "live": " ".join(live)[:2048]}
+    def _pending(self, configured: Configured | None, live: list[str], running: str,
+                 release: str, nxt: bootloader.NextBootLine) -> Finding:
+        base = {"running": running, "next_boot": release, "next_boot_how": nxt.how,
+                "live": " ".join(live)[:2048], **nxt.evidence()}
         if configured is None:
             return self.skipped(
                 "cmdline", "no boot loader configuration found (/etc/default/grub, BLS entries, "
@@ -313,10 +308,7 @@ class BootCmdline(Check[CheckOptions]):
     def _fix_tokens(self, host: Host, ev: dict[str, str], context: FixContext
                     ) -> Remedy | None:
         from auditor.remediations.steps import Advice, Remedy, ReplaceLine, RunCommand
-        os_release = context.os_release
-        running = kernels.running_kernel(host) or ""
-        nxt = kernels.next_boot(host, running, kernels.installed_kernels(host))
-        configured = bootloader.configured(host, nxt.release if nxt else running, os_release)
+        configured = bootloader.next_boot(host).configured
         if configured is None:
             return Remedy(check=self.id, subject="tokens", title="ineffective boot parameters",
                           notes=("no boot loader configuration was found: change the "

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 from auditor import environment as where
 from auditor.check import Check, CheckOptions, option
-from auditor.checks.lib import tuned
+from auditor.checks.lib import bootloader, tuned
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity
 from auditor.parsing import format_cpulist, kernel_cmdline_params, lazy_re, parse_cpulist
@@ -370,6 +370,7 @@ class CpuCstates(Check[CstateOptions]):
         *(path for path, _ in MODULE_LIMITS.values()),
         CPU_DMA_LATENCY,
         *tuned.READS,
+        *bootloader.NEXT_BOOT_READS,
         # Process names: a running tuned holds its profile's latency limit.
         "/proc/[0-9]*/comm",
         *where.READS,
@@ -399,7 +400,8 @@ class CpuCstates(Check[CstateOptions]):
     def evaluate(self, host: Host) -> Iterable[Finding]:
         limit = self.options.max_exit_latency_us
         driver = host.read_optional(DRIVER)
-        params = kernel_cmdline_params(host.read_optional(CMDLINE) or "")
+        # The running line as the shared view of the boot read it (one read of /proc/cmdline).
+        params = kernel_cmdline_params(" ".join(bootloader.next_boot(host).live))
         idle = params.get("idle")
         notes = cstate_limits(host, params)
         env = where.environment(host)
@@ -559,9 +561,17 @@ class CpuCstates(Check[CstateOptions]):
         }
         if identity:
             evidence["identity"] = identity
+        waiting = ""
+        cap = next_boot_cap(host, driver)
+        if cap is not None and cap_excludes(driver, cap[0], state):
+            # The same next boot boot.cmdline reads: the cap is written, not yet booted.
+            evidence["next_boot_cap"] = f"{CAP_PARAMS[driver]}={cap[0]}"
+            evidence.update(bootloader.next_boot(host).evidence())
+            waiting = (f"; {CAP_PARAMS[driver]}={cap[0]} is configured for the next boot "
+                       f"({cap[1]}), which leaves {state.name} out: pending a reboot")
         return self.failed(
             state.name,
-            f"{what}; it is enabled on CPUs {cpus}{partly} (driver {driver}){note}",
+            f"{what}; it is enabled on CPUs {cpus}{partly} (driver {driver}){note}{waiting}",
             observed=observed, expected=f"<= {limit} us",
             fix=(("on the host: " if "environment" in base_evidence
                   and "container" in base_evidence["environment"] else "")
@@ -608,7 +618,10 @@ class CpuCstates(Check[CstateOptions]):
             driver = ev.get("driver", "")
             index = int(state.removeprefix("state"))
             notes: tuple[str, ...]
-            if driver in CAP_PARAMS and not finding.subject.startswith("LPI-"):
+            if ev.get("next_boot_cap"):
+                notes = (f"{ev['next_boot_cap']} is configured for the next boot and leaves "
+                         "this state out: pending a reboot",)
+            elif driver in CAP_PARAMS and not finding.subject.startswith("LPI-"):
                 if driver not in first_failing or index < first_failing[driver][0]:
                     first_failing[driver] = (index, finding.subject)
                 notes = ()
@@ -649,6 +662,30 @@ class CpuCstates(Check[CstateOptions]):
                 ),
             ))
         return remedies
+
+
+def next_boot_cap(host: Host, driver: str) -> tuple[int, str] | None:
+    """Return the cap of ``driver`` that the next boot's line sets and the running one does
+    not (its value and where it is written), or None."""
+    key = CAP_PARAMS.get(driver)
+    if key is None:
+        return None
+    nxt = bootloader.next_boot(host)
+    value = nxt.configured_value(key) if nxt.known else None
+    if value is None or not value.isdigit() or len(value) > 2:
+        return None
+    token = f"{key}={value}"
+    if not nxt.pending(token):
+        return None
+    return int(value), nxt.source(token) or nxt.describe()
+
+
+def cap_excludes(driver: str, cap: int, state: IdleState) -> bool:
+    """Return whether a boot cap of ``driver`` leaves the state out (see :func:`_cap`)."""
+    if driver == "intel_idle":
+        return cap >= 1 and state.index > cap
+    match = re.fullmatch(r"C([0-9]{1,2})", state.name)
+    return match is not None and int(match.group(1)) > max(1, cap)
 
 
 def _cap(driver: str, index: int, name: str) -> tuple[str, str] | None:

@@ -35,7 +35,7 @@ from auditor.check import Check, CheckOptions, Trigger
 from auditor.checks.lib import bootloader, files, gpupath, pci
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity
-from auditor.parsing import format_cpulist, lazy_re, parse_cpulist, parse_os_release
+from auditor.parsing import format_cpulist, lazy_re, parse_cpulist
 
 if TYPE_CHECKING:
     from auditor.remediations.steps import FixContext, Remedy, Step
@@ -149,9 +149,9 @@ def isolation(host: Host) -> Isolation | None:
             if key in ("isolcpus", "nohz_full"):
                 live |= cpus_of(value)
         sources.append(CMDLINE)
-    release = gpupath.kernel_release(host)
-    conf = bootloader.configured(host, release, parse_os_release(
-        files.read_text(host, OS_RELEASE, 1 << 16) or "")) if release else None
+    # The next boot's line as every check sees it: the kernel that boots next (not the
+    # running one: a BLS entry is per kernel), and its loader's configuration.
+    conf = bootloader.next_boot(host).configured
     configured: dict[str, str] | None = None
     next_boot: set[int] | None = None
     if conf is not None:
@@ -174,7 +174,8 @@ class CpuIsolation(Check[CheckOptions]):
     version_added: ClassVar[str] = "0.1.0"
     reads: ClassVar[tuple[str, ...]] = (
         ISOLATED, NOHZ_FULL, ONLINE, CMDLINE, OS_RELEASE, MSI_IRQS, IRQ_AFFINITY,
-        *IRQBALANCE_FILES, gpupath.OSRELEASE, *gpupath.NODE_READS, *bootloader.READS,
+        *IRQBALANCE_FILES, gpupath.OSRELEASE, *gpupath.NODE_READS,
+        *bootloader.NEXT_BOOT_READS,
         *pci.DEVICE_READS, *pci.NUMA_READS, *where.READS,
     )
     events: ClassVar[frozenset[Trigger]] = frozenset({Trigger.PCI, Trigger.GPU_MODULE})
@@ -205,7 +206,7 @@ class CpuIsolation(Check[CheckOptions]):
         devices = device_irqs(host)
         configured = " ".join(f"{k}={v}" for k, v in (state.configured or {}).items())
         ev = {"isolated": format_cpulist(state.live), "source": state.source,
-              "configured": configured[:512]}
+              "configured": configured[:512], **bootloader.next_boot(host).evidence()}
         if not state.live:
             pending = state.next_boot or set()
             if 0 in pending:

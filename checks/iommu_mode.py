@@ -12,6 +12,11 @@ remapping and leaves host DMA untranslated.
 The type of each group is ``/sys/kernel/iommu_groups/N/type`` (kernel 5.11 and later,
 Documentation/ABI/testing/sysfs-kernel-iommu_groups); before 5.11 it is inferred from the
 command line and the kernel's build configuration, and the finding says so.
+
+The next boot's line is the one every check shares (checks/lib/bootloader.py
+``next_boot``): passthrough configured there but not booted is *pending a reboot* (a
+warning whose fix is the reboot, never a second token), and passthrough booted but no longer
+configured is a finding now, before the reboot translates the devices again.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 from auditor import environment
 from auditor.check import Check, CheckOptions, Trigger, option
-from auditor.checks.lib import pci
+from auditor.checks.lib import bootloader, pci
 from auditor.checks.lib.gpupath import (
     CMDLINE,
     NODE_READS,
@@ -100,6 +105,14 @@ def _passthrough_on_cmdline(tokens: Sequence[str], arch: str) -> bool | None:
     return choice
 
 
+def _default_passthrough(host: Host) -> bool:
+    """Return whether the running kernel's build defaults to passthrough domains."""
+    release = kernel_release(host)
+    config = pci.read_file(host, f"/boot/config-{release}", 1 << 20) if release and "/" not in \
+        release else None
+    return config is not None and "CONFIG_IOMMU_DEFAULT_PASSTHROUGH=y" in config
+
+
 class IommuMode(Check[IommuOptions]):
     """GPUs and RDMA NICs should not sit in IOMMU-translated domains when they talk peer to peer."""
 
@@ -117,6 +130,7 @@ class IommuMode(Check[IommuOptions]):
         *pci.IOMMU_GROUP_READS,
         *NODE_READS,
         *environment.READS,
+        *bootloader.NEXT_BOOT_READS,
     )
     rationale: ClassVar[str] = (
         "With the IOMMU translating, every GPU-to-GPU transfer and every GPUDirect RDMA read is "
@@ -183,6 +197,16 @@ class IommuMode(Check[IommuOptions]):
                                evidence={**base, "peers": found.describe()})
             return
         groups = self._group_members(host)
+        # The next boot's line, as boot.cmdline and every other check read it: passthrough
+        # configured but not booted is pending a reboot, not a fix to write again.
+        nxt = bootloader.next_boot(host)
+        base.update(nxt.evidence())
+        live_choice = _passthrough_on_cmdline(tokens, arch)
+        next_choice = _passthrough_on_cmdline(nxt.tokens, arch) if nxt.known else live_choice
+        pending_pt = next_choice is True and live_choice is not True
+        pt_source = next(
+            (nxt.source(t) for t in reversed(nxt.tokens)
+             if t.startswith(("iommu.passthrough=", "iommu="))), "") if nxt.known else ""
         old_smmu = (arch == "aarch64" and any(u.startswith("smmu3.") for u in units)
                     and kernel_before(host, SMMU_IDENTITY_FIXED) is True)
         # Passthrough is one switch for the whole host: where it would break the NVIDIA
@@ -215,6 +239,16 @@ class IommuMode(Check[IommuOptions]):
                         "use iommu.passthrough=0 or a 6.11+ kernel",
                         observed="identity", expected="DMA (arm-smmu-v3 before 6.11)",
                         fix=TRANSLATED_PARAM, evidence={**ev, "problem": "smmu-identity"}))
+                elif (nxt.known and live_choice is True and next_choice is not True
+                      and not mode.inferred and not _default_passthrough(host)):
+                    findings.append(self.warned(
+                        device.address,
+                        f"{what}: IOMMU group {group} is identity (passthrough) now, but the "
+                        f"next boot's line ({nxt.describe()}) no longer asks for passthrough: "
+                        "its peer DMA is translated after the reboot",
+                        observed="identity", expected="identity at the next boot",
+                        fix=PASSTHROUGH_PARAM,
+                        evidence={**ev, "problem": "translated-next-boot"}))
                 else:
                     findings.append(self.passed(device.address, f"{what}: IOMMU group {group} "
                                                 f"is identity (passthrough){how}",
@@ -230,6 +264,17 @@ class IommuMode(Check[IommuOptions]):
                 translated_devices.append(device.address)
                 c2c = " (its host traffic runs over NVLink-C2C; peer and NIC traffic still " \
                       "goes through the IOMMU)" if nvlink_c2c(host, device) else ""
+                if pending_pt:
+                    findings.append(self.warned(
+                        device.address,
+                        f"{what}: IOMMU group {group} is {mode.type}{how}: the IOMMU translates "
+                        f"its peer DMA on a host with {found.describe()}{c2c}; passthrough is "
+                        f"configured for the next boot ({pt_source or nxt.describe()}): "
+                        "pending a reboot",
+                        observed=mode.type, expected="identity",
+                        fix=f"reboot into {nxt.release or 'the configured kernel'}",
+                        evidence={**ev, "problem": "translated-pending"}))
+                    continue
                 status = self.failed if self.options.translated == "fail" else self.warned
                 findings.append(status(
                     device.address,
@@ -336,8 +381,21 @@ class IommuMode(Check[IommuOptions]):
                        "upgrading, passthrough (iommu.passthrough=1) is the faster choice",),
                 reboot=True,
             )]
-        if "translated" not in problems:
+        if "translated" not in problems and "translated-next-boot" not in problems:
             lint = [f for f in findings if f.subject == "cmdline"]
+            if "translated-pending" in problems:
+                # Passthrough is already configured: writing it again would duplicate it.
+                nxt = bootloader.next_boot(host)
+                return [Remedy(
+                    check=self.id, subject="iommu",
+                    title="IOMMU passthrough configured, pending a reboot",
+                    advice=(Advice(f"reboot into {nxt.release or 'the configured kernel'} to "
+                                   "boot with the configured passthrough"),
+                            *(Advice(f"fix the boot configuration by hand: {f.message}")
+                              for f in lint[:8])),
+                    notes=(f"passthrough is configured for the next boot ({nxt.describe()}); "
+                           "boot.cmdline reports it as pending a reboot",),
+                    reboot=True)]
             if not lint:
                 return []
             return [Remedy(
@@ -345,7 +403,8 @@ class IommuMode(Check[IommuOptions]):
                 advice=tuple(Advice(f"fix the boot configuration by hand: {f.message}")
                              for f in lint[:8]))]
         groups = sorted({evidence(f).get("group", "") for f in findings
-                         if evidence(f).get("problem") == "translated"} - {""})
+                         if evidence(f).get("problem") in ("translated", "translated-next-boot")}
+                        - {""})
         if any(v in ("pt",) for value in params(tokens, "amd_iommu") for v in value.split(",")):
             notes.append("remove amd_iommu=pt from the boot configuration by hand: it is not a "
                          "valid value and does nothing")
@@ -372,6 +431,6 @@ class IommuMode(Check[IommuOptions]):
             title="IOMMU passthrough for GPU and RDMA NIC DMA",
             boot_params=(PASSTHROUGH_PARAM,),
             notes=tuple(notes),
-            advice=(Advice(procedure),),
+            advice=(Advice(procedure),) if "translated" in problems else (),
             reboot=True,
         )]

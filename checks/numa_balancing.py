@@ -1,7 +1,9 @@
 """numa.balancing: automatic NUMA balancing on a multi-node host, now and at the next boot.
 
 The boot value is computed as the boot sets it, in order (checks/lib/sysctl.py):
-the kernel's default or ``numa_balancing=`` on the command line, then
+the kernel's default or ``numa_balancing=`` (and ``sysctl.kernel.numa_balancing=``) on the
+next boot's command line (the loader's configuration every check shares,
+checks/lib/bootloader.py ``next_boot``; /proc/cmdline where none is found), then
 systemd-sysctl's sysctl.d files (or ``sysctl --system`` without systemd), then a
 tuned profile's ``[sysctl]`` (and tuned re-applying /etc/sysctl.d after it), then
 local systemd units and root's ``@reboot`` crontab. The finding names what sets it.
@@ -14,7 +16,7 @@ from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 from auditor import environment as where
 from auditor.check import Check, CheckOptions
-from auditor.checks.lib import sysctl, tuned
+from auditor.checks.lib import bootloader, sysctl, tuned
 from auditor.checks.lib.sysctl import Writer
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity
@@ -81,17 +83,32 @@ class BootState(NamedTuple):
 def boot_state(host: Host) -> BootState:
     """Return every mechanism that sets kernel.numa_balancing at boot, in boot order."""
     systemd = sysctl.booted_by_systemd(host)
-    params = kernel_cmdline_params(host.read_optional(CMDLINE_PATH) or "")
+    # The next boot's command line as boot.cmdline and every other check read it (the
+    # loader's configuration for the kernel that boots next; /proc/cmdline where none was
+    # found): a token the running line has and the configuration dropped is not the boot's.
+    nxt = bootloader.next_boot(host)
+    params = kernel_cmdline_params(" ".join(nxt.tokens))
+    line = (f"the next boot's command line ({nxt.describe()})" if nxt.known
+            else "the kernel command line")
     # kernel/sched/core.c setup_numabalancing: "enable" or "disable", nothing else.
     option = params.get("numa_balancing")
     writers: list[Writer] = []
     if option in ("enable", "disable"):
-        writers.append(Writer("cmdline", "1" if option == "enable" else "0", CMDLINE_PATH,
-                              f"numa_balancing={option} on the kernel command line"))
+        token = f"numa_balancing={option}"
+        writers.append(Writer("cmdline", "1" if option == "enable" else "0",
+                              nxt.source(token) or CMDLINE_PATH, f"{token} on {line}"))
     elif default_enabled(host):
         writers.append(Writer("default", "1", "", "the kernel's default (on)"))
     else:
         writers.append(Writer("default", "0", "", "the kernel's build default (off)"))
+    # sysctl.<key>=<value> on the command line (5.8+, fs/proc/proc_sysctl.c do_sysctl_args)
+    # is applied before init runs, so before systemd-sysctl.
+    value = params.get(f"sysctl.{SYSCTL_KEY}") or params.get(
+        "sysctl." + SYSCTL_KEY.replace(".", "/"))
+    if value is not None and value in MODES:
+        token = f"sysctl.{SYSCTL_KEY}={value}"
+        writers.append(Writer("cmdline", value, nxt.source(token) or CMDLINE_PATH,
+                              f"{token} on {line}"))
     applier = "systemd-sysctl" if systemd else "sysctl --system"
     for setting in sysctl.settings(host, SYSCTL_KEY, systemd=systemd):
         writers.append(Writer("sysctl.d", setting.value, setting.where,
@@ -137,6 +154,7 @@ class NumaBalancing(Check[CheckOptions]):
         "/sys/devices/system/node/node*",
         "/sys/devices/system/node/online",
         *sysctl.READS,
+        *bootloader.NEXT_BOOT_READS,
         CMDLINE_PATH,
         OSRELEASE_PATH,
         KERNEL_CONFIGS,
@@ -178,6 +196,7 @@ class NumaBalancing(Check[CheckOptions]):
         evidence["boot_value"] = effective.value
         evidence["boot_source"] = effective.where
         evidence["boot_mechanism"] = effective.mechanism
+        evidence.update(bootloader.next_boot(host).evidence())
         fix = f"sysctl -w {SYSCTL_KEY}=0 and set it to 0 in a file under /etc/sysctl.d"
         if len(nodes) <= 1:
             yield self.passed(
@@ -292,7 +311,12 @@ class NumaBalancing(Check[CheckOptions]):
                    if w.mechanism == "sysctl.d" and w.setting is not None]
         seen: set[tuple[str, int]] = set()
         masks: dict[str, str] = {}
-        for setting in [*setters, *boot.unread]:
+        # When the boot already ends with 0 (a later file, or the command line), the lines
+        # it overrides are left alone: rewriting them, or a drop-in, would duplicate a
+        # setting the next boot applies anyway. /etc/sysctl.conf, which it does not read,
+        # is still set for 'sysctl --system' run by hand.
+        settled = boot.effective.value == "0"
+        for setting in [*([] if settled else setters), *boot.unread]:
             if setting.value == "0":
                 continue
             if "\ufffd" in setting.raw:
@@ -318,7 +342,9 @@ class NumaBalancing(Check[CheckOptions]):
         if boot.unread and any(s.value != "0" for s in boot.unread):
             notes.append("/etc/sysctl.conf is not read at boot here; it is set to 0 too, for "
                          "'sysctl --system' and 'sysctl -p' run by hand")
-        if not setters:
+        if settled:
+            notes.append(f"at boot {boot.effective.label} sets 0 already")
+        elif not setters:
             # Nothing sets it in a file the boot reads, so boot keeps the kernel's default
             # (or the command line's): a drop-in in /etc/sysctl.d sets it after those.
             persistent.append(WriteFile(DROP_IN, f"{SYSCTL_KEY} = 0\n"))

@@ -14,6 +14,10 @@ IOMMU drivers' ``pci_request_acs``), then apply ``pci=disable_acs_redir=`` and
 ``pci=config_acs=``. ``pci_restore_state`` ends with ``pci_enable_acs`` again, so a
 ``setpci`` fix lasts only until the next config-state restore (port runtime resume,
 AER/DPC recovery, reset, hot-plug) while an IOMMU is active; the command line survives.
+
+The command line that will cover a port is the next boot's, as every check reads it
+(checks/lib/bootloader.py ``next_boot``): a port it covers is *pending a reboot*, and the
+fix writes no second ``pci=`` token for it.
 """
 
 from __future__ import annotations
@@ -23,13 +27,7 @@ from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 from auditor import environment
 from auditor.check import Check, CheckOptions, Trigger
-from auditor.checks.lib import pci, pcicmdline
-from auditor.checks.lib.bootloader import (
-    GRUB_DEFAULT,
-    GRUB_DROP_INS,
-    KERNEL_CMDLINE,
-    PROXMOX_BOOT_UUIDS,
-)
+from auditor.checks.lib import bootloader, pci, pcicmdline
 from auditor.checks.lib.gpupath import (
     CMDLINE,
     NODE_READS,
@@ -108,6 +106,7 @@ class PcieAcs(Check[CheckOptions]):
         *pci.CONFIG_READS,
         *NODE_READS,
         *environment.READS,
+        *bootloader.NEXT_BOOT_READS,
     )
     rationale: ClassVar[str] = (
         "ACS P2P Request/Completion Redirect and Egress Control on a root port or switch "
@@ -156,6 +155,9 @@ class PcieAcs(Check[CheckOptions]):
         gpus = {d.address for d in found.capable}
         inventory = pci.by_address(host)
         fabric = self._fabric(host, inventory)
+        # The next boot's line, as boot.cmdline reads it: a port its configured pci= covers
+        # is pending a reboot, and the fix does not write it again.
+        nxt = bootloader.next_boot(host)
         gdr = bool(found.gpus and found.rdma)
         try:
             iommu = any(not n.startswith(".") for n in host.listdir(IOMMU_CLASS))
@@ -195,9 +197,15 @@ class PcieAcs(Check[CheckOptions]):
                                             "redirect peer traffic", evidence=ev))
                 continue
             cover = _cover(tokens, device, acs.control)
+            later = _cover(nxt.tokens, device, acs.control) if nxt.known else cover
+            pending = later.clears and not cover.clears
             ev.update(acs_offset=f"{acs.offset:#x}", acs_ctl=f"{acs.control:#06x}",
                       acs_cap=f"{acs.capability:#06x}", acs_flags=pci.acs_flags(acs.control),
-                      cmdline=cover.source)
+                      cmdline=cover.source, **nxt.evidence())
+            if pending:
+                ev["next_boot_cover"] = later.source
+            waiting = (f" {later.source} in the next boot's line ({nxt.describe()}) covers "
+                       "this port: pending a reboot." if pending else "")
             set_names = pci.acs_set_names(acs.redirect)
             whom = (f"{len(below_gpus)} GPU(s)" if below_gpus else "") + (
                 (" and " if below_gpus and below_nics else "")
@@ -236,7 +244,7 @@ class PcieAcs(Check[CheckOptions]):
                 findings.append(status(
                     bridge,
                     f"{port} redirects peer traffic ({' '.join(set_names)}, ACSCtl "
-                    f"{acs.control:#06x}) above {whom}: {why}{ignored}.{restore}",
+                    f"{acs.control:#06x}) above {whom}: {why}{ignored}.{restore}{waiting}",
                     observed=" ".join(set_names), expected="ReqRedir- CmpltRedir- EgressCtrl-",
                     fix=f"setpci -s {bridge} {REGISTER}={CLEAR_VALUE}:{CLEAR_MASK}",
                     evidence={**ev, "problem": "redirect"}))
@@ -244,7 +252,8 @@ class PcieAcs(Check[CheckOptions]):
                 findings.append(self.warned(
                     bridge,
                     f"{port} has ACS Egress Control on (ACSCtl {acs.control:#06x}) above "
-                    f"{whom}: peer traffic may be blocked or sent upstream{ignored}.{restore}",
+                    f"{whom}: peer traffic may be blocked or sent upstream{ignored}.{restore}"
+                    f"{waiting}",
                     observed="EgressCtrl+", expected="EgressCtrl-",
                     fix=f"setpci -s {bridge} {REGISTER}={CLEAR_VALUE}:{CLEAR_MASK}",
                     evidence={**ev, "problem": "redirect"}))
@@ -254,9 +263,10 @@ class PcieAcs(Check[CheckOptions]):
                     bridge,
                     f"{port} does not redirect now (ACSCtl {acs.control:#06x}) above {whom}, "
                     "but the kernel turned redirect on at boot (an IOMMU is active) and no "
-                    "pci=disable_acs_redir= covers it: it was cleared at runtime, and the next "
-                    "config-state restore (port resume, AER recovery, reset) or boot sets it "
-                    "again",
+                    "pci=disable_acs_redir= of the running line covers it: it was cleared at "
+                    "runtime, and the next config-state restore (port resume, AER recovery, "
+                    "reset) sets it again"
+                    + (f";{waiting}" if pending else " and so does the next boot"),
                     observed="cleared at runtime", expected="cleared by the command line",
                     evidence={**ev, "problem": "runtime-only"}))
             else:
@@ -354,7 +364,22 @@ class PcieAcs(Check[CheckOptions]):
                        "restore (runtime resume, AER recovery, reset); the boot parameter "
                        "below makes it stay",),
             ))
-        token = self._boot_token(host, [f.subject for f in ports])
+        uncovered = [f.subject for f in ports if not evidence(f).get("next_boot_cover")]
+        covered = [f.subject for f in ports if evidence(f).get("next_boot_cover")]
+        if not uncovered:
+            release = bootloader.next_boot(host).release or "the configured kernel"
+            # Every port is covered by the configured line already: writing it again would
+            # duplicate a setting pending a reboot.
+            remedies.append(Remedy(
+                check=self.id, subject="cmdline",
+                title="ACS redirect off at boot: configured, pending a reboot",
+                advice=(Advice(f"reboot into {release} to boot with the configured "
+                               "pci=disable_acs_redir="),),
+                notes=(f"{len(covered)} port(s) are covered by the next boot's line; "
+                       "boot.cmdline reports it as pending a reboot",),
+                reboot=True))
+            return lint + remedies
+        token = self._boot_token(host, uncovered)
         notes = [
             "bus numbers can change when cards are added or the firmware changes: audit again "
             "after hardware changes",
@@ -381,7 +406,7 @@ class PcieAcs(Check[CheckOptions]):
         devices of every ``disable_acs_redir=`` merge into one list, since only the last
         one would count.
         """
-        sources = [cmdline_tokens(host), *self._configured_tokens(host)]
+        sources = [cmdline_tokens(host), list(bootloader.next_boot(host).tokens)]
         options: list[str] = []
         devices: list[str] = []
         for tokens in sources:
@@ -401,31 +426,8 @@ class PcieAcs(Check[CheckOptions]):
         return "pci=" + ",".join(options)
 
     @staticmethod
-    def _configured_tokens(host: Host) -> list[list[str]]:
-        found: list[list[str]] = []
-        for path in [GRUB_DEFAULT, *host.glob(GRUB_DROP_INS)]:
-            text = pci.read_file(host, path, 1 << 16) or ""
-            for line in text.splitlines()[:512]:
-                name, sep, value = line.strip().removeprefix("export ").partition("=")
-                if sep and name in ("GRUB_CMDLINE_LINUX", "GRUB_CMDLINE_LINUX_DEFAULT"):
-                    found.append(value.strip("\"'").split()[:_TOKENS])
-        first = (pci.read_file(host, KERNEL_CMDLINE) or "").split("\n", 1)[0]
-        found.append(first.split()[:_TOKENS])
-        return found
-
-    @staticmethod
     def _edits_grub(host: Host) -> bool:
-        """Return whether the boot edit goes to GRUB (where ``;`` separates commands).
+        """Return whether the boot edit goes to GRUB (where ``;`` separates commands): the
+        same choice as :func:`auditor.remediations.boot.boot_remedy`."""
+        return bootloader.edits_grub(host)
 
-        The same choice as :func:`auditor.remediations.boot.boot_remedy`.
-        """
-        tokens = cmdline_tokens(host)
-        proxmox = host.exists(PROXMOX_BOOT_UUIDS)
-        grub_booted = any(t.startswith("BOOT_IMAGE=") for t in tokens)
-        if proxmox and host.exists(KERNEL_CMDLINE) and not (grub_booted
-                                                             and host.exists(GRUB_DEFAULT)):
-            return False
-        return host.exists(GRUB_DEFAULT)
-
-
-_TOKENS = 1024

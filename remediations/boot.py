@@ -36,9 +36,11 @@ __all__ = ["BOOT_READS", "GRUB_DEFAULT", "GRUB_DROP_INS", "GRUB_VARIABLE", "KERN
 
 GRUB_VARIABLE = "GRUB_CMDLINE_LINUX_DEFAULT"
 
-#: What planning a boot command line edit reads (every fix may need one).
-BOOT_READS: tuple[str, ...] = (GRUB_DEFAULT, GRUB_DROP_INS, KERNEL_CMDLINE, PROXMOX_BOOT_UUIDS,
-                               "/proc/cmdline")
+#: What planning a boot command line edit reads (every fix may need one): the loaders'
+#: files, and what says which kernel boots next (:func:`bootloader.next_boot`).
+BOOT_READS: tuple[str, ...] = tuple(dict.fromkeys(
+    (GRUB_DEFAULT, GRUB_DROP_INS, KERNEL_CMDLINE, PROXMOX_BOOT_UUIDS, "/proc/cmdline",
+     *bootloader.NEXT_BOOT_READS)))
 
 def merge_params(tokens: Sequence[str], params: Sequence[str]) -> list[str]:
     """Return command-line tokens with each ``key=value`` set, replacing another value of key."""
@@ -91,9 +93,23 @@ def _grub_steps(host: Host, params: Sequence[str]) -> tuple[list[Step], list[str
 def boot_remedy(host: Host, params: Sequence[str], os_release: Mapping[str, str]) -> Remedy:
     """Return the remedy that puts ``params`` on the boot command line of this host."""
     params = list(dict.fromkeys(params))
-    title = "kernel parameters " + " ".join(params)
     steps: list[Step] = []
     notes: list[str] = []
+    # A parameter the next boot's line already carries (the view boot.cmdline and every
+    # check share) is pending a reboot: written again it would be a duplicate.
+    nxt = bootloader.next_boot(host)
+    if nxt.known:
+        pending = [p for p in params if any(bootloader.same_token(p, t) for t in nxt.tokens)]
+        for param in pending:
+            where = nxt.source(param) or nxt.describe()
+            notes.append(f"{param} is already configured for the next boot ({where})"
+                         + (": pending a reboot" if nxt.pending(param) else ""))
+        params = [p for p in params if p not in pending]
+        if not params:
+            return Remedy(check="boot", subject="cmdline",
+                          title="kernel parameters already configured", notes=tuple(notes),
+                          reboot=any(nxt.pending(p) for p in pending))
+    title = "kernel parameters " + " ".join(params)
     family = bootloader.family(os_release)
     proxmox = host.exists(PROXMOX_BOOT_UUIDS)
     if bootloader.uses_proxmox_boot_tool(host):

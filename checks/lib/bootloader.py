@@ -1,7 +1,12 @@
 """The kernel command line the boot loader is configured to pass, and where each token is set.
 
-Shared by ``boot.cmdline`` (configured against booted) and ``remediations/boot.py`` (the edit
-that adds parameters). What each boot loader reads:
+:func:`next_boot` is the one view of the next boot: the kernel that boots next
+(kernels.next_boot: a pin, grubenv's saved_entry, else the newest installed), that kernel's
+configured line, and the running one, computed once per host (``host.fact``). Every check
+that judges a boot parameter at the next boot reads it there (``boot.cmdline``,
+``iommu.mode``, ``pcie.acs``, ``cpu.cstates``, ``cpu.isolation``, ``numa.balancing``), and so
+does ``remediations/boot.py``, which writes no parameter the next boot already carries. What
+each boot loader reads:
 
 - GRUB: ``grub-mkconfig`` sources ``/etc/default/grub``, then each
   ``/etc/default/grub.d/*.cfg`` in glob order (Debian's grub-mkconfig), and ``10_linux``
@@ -11,8 +16,10 @@ that adds parameters). What each boot loader reads:
   *without being run*: assignments with ``$VAR``, ``${VAR}``, ``${VAR:-x}``, ``${VAR:+x}`` and
   quotes are followed; a line that is not a plain assignment (``if``, a command, ``$(...)``)
   is not, and is listed in :attr:`Configured.unexpanded`.
-- BLS (RHEL, Fedora, grubby): each ``/boot/loader/entries/*.conf`` carries its own ``options``
-  line; ``$kernelopts`` and ``$tuned_params`` in it come from grubenv.
+- BLS (RHEL, Fedora, grubby): each ``/boot/loader/entries/*.conf`` carries its own
+  ``options`` lines, combined in order (Boot Loader Specification, "options"), so the line
+  is per kernel: the next kernel's entry, not the running one's; ``$kernelopts`` and
+  ``$tuned_params`` in it come from grubenv.
 - proxmox-boot-tool (systemd-boot on ZFS), kernel-install and UKI builders read
   ``/etc/kernel/cmdline``.
 - tuned's bootloader plugin keeps its parameters in ``/etc/tuned/bootcmdline``
@@ -27,9 +34,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from auditor.checks.lib import files
+from auditor.checks.lib import files, kernels
 from auditor.hosts.base import Host
-from auditor.parsing import kernel_cmdline_params, lazy_re
+from auditor.parsing import kernel_cmdline_params, lazy_re, parse_os_release
 
 GRUB_DEFAULT = "/etc/default/grub"
 GRUB_DROP_INS = "/etc/default/grub.d/*.cfg"
@@ -377,39 +384,57 @@ def _grubenv(host: Host) -> dict[str, str]:
     return {}
 
 
-def bls_entry(host: Host, release: str) -> tuple[str, int, str] | None:
-    """Return the BLS entry that boots ``release``: (path, options line number, options text)."""
+def bls_entries(host: Host, release: str) -> tuple[str, list[tuple[int, str]]] | None:
+    """Return the BLS entry that boots ``release``: its path and every ``options`` line
+    (line number, text), in order.
+
+    The Boot Loader Specification (uapi-group.org/specifications/specs/
+    boot_loader_specification, "options"): the key "may appear more than once in which case
+    all specified parameters are combined in the order they are listed".
+    """
     for path in host.glob(BLS_ENTRIES)[:256]:
         text = files.read_optional(host, path) or ""
-        linux, options = "", None
+        linux = ""
+        options: list[tuple[int, str]] = []
         for number, line in enumerate(text.split("\n")[:256], start=1):
             key, _, value = line.strip().partition(" ")
             if key == "linux":
                 linux = value.strip()
             elif key == "options":
-                options = (number, value.strip()[:_MAX_LINE])
-        if options is not None and linux.rsplit("/", 1)[-1] == f"vmlinuz-{release}":
-            return path, options[0], options[1]
+                options.append((number, value.strip()[:_MAX_LINE]))
+        if options and linux.rsplit("/", 1)[-1] == f"vmlinuz-{release}":
+            return path, options[:16]
     return None
 
 
-def _bls_tokens(host: Host, release: str) -> list[Token] | None:
-    entry = bls_entry(host, release)
-    if entry is None:
+def bls_entry(host: Host, release: str) -> tuple[str, int, str] | None:
+    """Return the BLS entry that boots ``release``: (path, last options line number, the
+    options of every line joined)."""
+    found = bls_entries(host, release)
+    if found is None:
         return None
-    path, number, options = entry
+    path, options = found
+    return path, options[-1][0], " ".join(text for _, text in options)
+
+
+def _bls_tokens(host: Host, release: str) -> list[Token] | None:
+    found = bls_entries(host, release)
+    if found is None:
+        return None
+    path, lines = found
     env = _grubenv(host)
     tokens: list[Token] = []
-    for word in options.split()[:_MAX_TOKENS]:
-        if word.startswith("$"):
-            name = word[1:].strip("{}")
-            if name == "tuned_params" and not env.get(name):
-                tokens += tuned_tokens(host)
+    for number, options in lines:
+        for word in options.split()[:_MAX_TOKENS]:
+            if word.startswith("$"):
+                name = word[1:].strip("{}")
+                if name == "tuned_params" and not env.get(name):
+                    tokens += tuned_tokens(host)
+                else:
+                    tokens += _words(env.get(name, ""), Source(GRUBENVS[0], 0, name))
             else:
-                tokens += _words(env.get(name, ""), Source(GRUBENVS[0], 0, name))
-        else:
-            tokens.append(Token(word, Source(path, number, "options")))
-    return tokens
+                tokens.append(Token(word, Source(path, number, "options")))
+    return tokens[:_MAX_TOKENS]
 
 
 def grub_cfg_tokens(host: Host, release: str) -> tuple[str, tuple[str, ...] | None]:
@@ -521,3 +546,97 @@ def raw_line(host: Host, path: str, line: int) -> str | None:
         return None
     raw = lines[line - 1]
     return None if raw.endswith("\\") or "\ufffd" in raw else raw
+
+
+# -- the next boot, computed once and shared ------------------------------------------------
+
+#: Every path :func:`next_boot` reads: the loaders' files, the kernels, which one boots next.
+NEXT_BOOT_READS: tuple[str, ...] = tuple(dict.fromkeys(
+    (*READS, *kernels.RELEASE_READS, *kernels.NEXT_BOOT_READS)))
+
+
+class NextBootLine(NamedTuple):
+    """The command line the next boot passes, against the one the running kernel got.
+
+    Every check that judges a boot parameter at the next boot reads it here, so none
+    contradicts another (or ``boot.cmdline``) about which kernel boots next, which loader
+    file it takes its line from, and what is pending a reboot.
+    """
+
+    #: The running kernel's release ("" when unknown).
+    running: str
+    #: The release the next boot starts (the running one when nothing else is known).
+    release: str
+    #: How the next kernel was found (pin, saved_entry, newest installed).
+    how: str
+    #: The configured line, None when no loader configuration was found.
+    configured: Configured | None
+    #: The running kernel's tokens (/proc/cmdline).
+    live: tuple[str, ...]
+
+    @property
+    def known(self) -> bool:
+        """Return whether the next boot's line was read from a loader's configuration."""
+        return self.configured is not None
+
+    @property
+    def tokens(self) -> tuple[str, ...]:
+        """Return the next boot's tokens: the configured line, or the live one when unknown."""
+        if self.configured is None:
+            return self.live
+        return tuple(t.text for t in self.configured.tokens)
+
+    def source(self, token: str) -> str:
+        """Return where a configured token is written (``path:line``), or ""."""
+        if self.configured is None:
+            return ""
+        for configured in self.configured.tokens:
+            if configured.text == token:
+                return configured.source.where
+        return ""
+
+    def pending(self, token: str) -> bool:
+        """Return whether ``token`` is configured for the next boot but not on /proc/cmdline."""
+        return self.configured is not None and token in self.tokens and not any(
+            same_token(token, live) for live in self.live)
+
+    def configured_value(self, key: str) -> str | None:
+        """Return the value of the last configured ``key=`` token (the kernel keeps the last
+        of most parameters), "" for a bare ``key``, None when the next boot has none."""
+        found: str | None = None
+        for token in self.tokens:
+            if param_key(token) == param_key(key):
+                found = token.partition("=")[2]
+        return found
+
+    def describe(self) -> str:
+        """Return where the next boot's line comes from, in words."""
+        if self.configured is None:
+            return "no boot loader configuration was found: the running line stands for it"
+        files_ = " ".join(self.configured.files[:4]) or self.configured.loader
+        return f"the {self.configured.loader} configuration ({files_}) for {self.release}"
+
+    def evidence(self) -> dict[str, str]:
+        """Return what every check that consulted the next boot puts in its evidence."""
+        return {"next_boot_release": self.release,
+                "next_boot_loader": self.configured.loader if self.configured else ""}
+
+
+def next_boot(host: Host) -> NextBootLine:
+    """Return the next boot's command line and the running one, computed once per host."""
+    def compute(h: Host) -> NextBootLine:
+        os_release = parse_os_release(files.read_text(h, "/etc/os-release", 1 << 16) or "")
+        live = tuple((files.read_optional(h, PROC_CMDLINE) or "")[:8192].split()[:1024])
+        running = kernels.running_kernel(h) or ""
+        nxt = kernels.next_boot(h, running, kernels.installed_kernels(h))
+        release = nxt.release if nxt else running
+        conf = configured(h, release, os_release)
+        return NextBootLine(running, release, nxt.how if nxt else "", conf, live)
+
+    return host.fact("bootloader.next_boot", compute)
+
+
+def edits_grub(host: Host) -> bool:
+    """Return whether a boot parameter fix edits GRUB's defaults (where ``;`` separates
+    commands and must be escaped) rather than /etc/kernel/cmdline."""
+    return not uses_proxmox_boot_tool(host) and host.exists(GRUB_DEFAULT)

@@ -8,9 +8,13 @@ Shared by ``numa.balancing`` (what the boot will set, and who) and its remediati
   /usr/local/lib/sysctl.d and /usr/lib/sysctl.d (and /lib/sysctl.d where /usr is
   split), a name in an earlier directory masking it in a later one, all sorted by file
   name; a later line overwrites an earlier one (src/sysctl/sysctl.c ``parse_file``,
-  ``conf_files_list_nulstr``). It has not read /etc/sysctl.conf since v207: that file
-  counts only through a ``99-sysctl.conf`` symlink in a sysctl.d directory, at the
-  place that name sorts to. Debian 13 and Proxmox VE 9 no longer ship the link.
+  ``conf_files_list_nulstr``; sysctl.d(5): "Files in /etc/ override files with the same
+  name in /run/, /usr/local/lib/, and /usr/lib/ ... All configuration files are sorted by
+  their filename in lexicographic order, regardless of which of the directories they
+  reside in. If multiple files specify the same option, the entry in the file with the
+  lexicographically latest name will take precedence"). It has not read /etc/sysctl.conf
+  since v207: that file counts only through a ``99-sysctl.conf`` symlink in a sysctl.d
+  directory, at the place that name sorts to. Debian 13 and Proxmox VE 9 no longer ship the link.
 - procps ``sysctl --system`` reads the same directories and then /etc/sysctl.conf
   last, but only when someone (or an init without systemd) runs it.
 - Later at boot: a tuned profile's ``[sysctl]`` (then, with tuned's default

@@ -191,9 +191,11 @@ def test_the_fix_script_uses_real_setpci_and_rolls_back(box: Path, tmp_path: Pat
 
 def test_repeated_lists_are_merged_into_the_one_token_that_counts(tmp_path: Path) -> None:
     root = pcie_box(PcieBoxSpec(acs=False, translated=False)).write_dir(tmp_path / "box")
-    (root / "proc/cmdline").write_text("BOOT_IMAGE=/boot/vmlinuz ro iommu=pt "
-                                       "pci=disable_acs_redir=pci:1022:14ab "
-                                       "pci=disable_acs_redir=pci:1000:c030\n")
+    tokens = ("iommu=pt pci=disable_acs_redir=pci:1022:14ab "
+              "pci=disable_acs_redir=pci:1000:c030")
+    (root / "proc/cmdline").write_text(f"BOOT_IMAGE=/boot/vmlinuz ro {tokens}\n")
+    # Configured as booted: the next boot repeats the lists too.
+    (root / "etc/default/grub").write_text(f'GRUB_CMDLINE_LINUX_DEFAULT="{tokens}"\n')
     found = findings(root)
     assert "2 pci=disable_acs_redir= options: only the last one counts" in \
         found["cmdline"].message
@@ -201,5 +203,21 @@ def test_repeated_lists_are_merged_into_the_one_token_that_counts(tmp_path: Path
     assert dict(found["0000:40:01.1"].evidence)["problem"] == "runtime-only"
     assert found["0000:42:00.0"].status is Status.PASS
     token = boot_token(root)
-    assert token.startswith("pci=realloc,disable_acs_redir=pci:1022:14ab\\;pci:1000:c030\\;")
+    assert token.startswith("pci=disable_acs_redir=pci:1022:14ab\\;pci:1000:c030\\;")
     assert token.count("disable_acs_redir=") == 1
+
+
+def test_ports_the_next_boot_covers_are_pending_and_not_written_again(tmp_path: Path) -> None:
+    """The configured line (one merged list) covers the root ports the running line's second
+    list left out: pending a reboot, and no second pci= token is planned."""
+    root = pcie_box(PcieBoxSpec(acs=False, translated=False)).write_dir(tmp_path / "box")
+    (root / "proc/cmdline").write_text("BOOT_IMAGE=/boot/vmlinuz ro iommu=pt "
+                                       "pci=disable_acs_redir=pci:1022:14ab "
+                                       "pci=disable_acs_redir=pci:1000:c030\n")
+    found = findings(root)["0000:40:01.1"]
+    assert found.status is Status.WARN
+    assert dict(found.evidence)["next_boot_cover"] == "pci=disable_acs_redir="
+    assert "pending a reboot" in found.message and "/etc/default/grub" in found.message
+    planned = remedies(root)
+    assert not [p for r in planned for p in getattr(r, "boot_params", ())]
+    assert any("pending a reboot" in getattr(r, "title", "") for r in planned)

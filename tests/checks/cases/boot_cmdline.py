@@ -2,8 +2,9 @@
 tokens that do nothing, rewritten where they are configured."""
 
 from auditor.model import Status
-from tests.support.cases import Case
+from tests.support.cases import Case, built
 from tests.support.hostgen.nvidia import DriverSpec, driver_host
+from tests.support.hostgen.platforms import NextBootSpec, build_next_boot
 from tests.support.sysroot import Sysroot
 
 CHECK = "boot.cmdline"
@@ -62,4 +63,14 @@ CASES = [
          base=driver_host(_spec(tuned=("skew_tick=1", "nohz=on")))),
     Case("inside a container: the boot line is the host's", Status.SKIP, container,
          base=driver_host()),
+    # Rule 4: the next boot's line as every check reads it (test_next_boot.py).
+    Case("PCIe box: a grub.d drop-in carries tokens not booted, one booted token dropped",
+         Status.WARN, base=built(lambda: build_next_boot(NextBootSpec(boot="grub")),
+                                 "next-boot-grub")),
+    Case("Rocky 9: the next kernel's BLS entry (two options lines) carries them",
+         Status.WARN, base=built(lambda: build_next_boot(NextBootSpec(boot="bls")),
+                                 "next-boot-bls")),
+    Case("proxmox-boot-tool: /etc/kernel/cmdline carries them, a stale /etc/default/grub",
+         Status.WARN, base=built(lambda: build_next_boot(NextBootSpec(boot="systemd-boot")),
+                                 "next-boot-systemd-boot")),
 ]

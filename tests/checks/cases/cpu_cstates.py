@@ -9,7 +9,14 @@ from tests.support.hostgen.guests import (
     build_container_audit,
     build_kvm_guest,
 )
-from tests.support.hostgen.platforms import EpycSpec, GraceSpec, build_epyc, build_grace
+from tests.support.hostgen.platforms import (
+    EpycSpec,
+    GraceSpec,
+    NextBootSpec,
+    build_epyc,
+    build_grace,
+    build_next_boot,
+)
 from tests.support.plant import plant_cstates
 from tests.support.sysroot import Sysroot
 
@@ -52,4 +59,9 @@ CASES = [
          base=built(lambda: build_container_audit(ContainerAuditSpec(host_cc6=True)), "ct")),
     Case("inside an unprivileged container: the host's C-states are shallow", Status.PASS,
          base=built(lambda: build_container_audit(ContainerAuditSpec()), "ct")),
+    # Rule 4: processor.max_cstate=1 configured for the next kernel (BLS), not booted: C2 is
+    # a problem now, its cap pending a reboot; the fix disables it now and writes no cap.
+    Case("PCIe box: C2 (CC6) enabled, processor.max_cstate=1 pending a reboot", Status.FAIL,
+         base=built(lambda: build_next_boot(NextBootSpec(boot="bls")), "next-boot-bls"),
+         fixed=True),
 ]

@@ -4,7 +4,8 @@ CPUs or a NIC's on the other node, irqbalance's banned list missing isolated CPU
 pending a reboot, legitimate isolation, no isolation (RHEL, SUSE), inside a container."""
 
 from auditor.model import Status
-from tests.support.cases import Case
+from tests.support.cases import Case, built
+from tests.support.hostgen.platforms import NextBootSpec, build_next_boot
 from tests.support.hostgen.serving import (
     base,
     dgx_class,
@@ -100,4 +101,11 @@ CASES = [
          base=base(suse_metal, "sles")),
     Case("no CPU isolated", Status.PASS, no_isolation, base=base(suse_metal, "sles")),
     Case("inside a Docker container", Status.SKIP, base=base(docker_gpu_container, "docker")),
+    # Rule 4: the next kernel's BLS entry isolates CPU0; the running kernel's entry and the
+    # stale /etc/default/grub do not. Judged on the kernel that boots next, as boot.cmdline.
+    Case("Rocky 9: the next kernel's BLS entry isolates CPU0", Status.FAIL,
+         base=built(lambda: build_next_boot(NextBootSpec(boot="bls")), "next-boot-bls")),
+    Case("PCIe box: a grub.d drop-in isolates CPU0 at the next boot", Status.FAIL,
+         base=built(lambda: build_next_boot(NextBootSpec(boot="grub")), "next-boot-grub"),
+         fixed=True),
 ]

@@ -1,7 +1,7 @@
 """iommu.mode: translated and passthrough hosts, invalid tokens, guests, arm-smmu-v3, pre-5.11."""
 
 from auditor.model import Status
-from tests.support.cases import Case, capture
+from tests.support.cases import Case, built, capture
 from tests.support.hostgen.classes import (
     PcieBoxSpec,
     base,
@@ -11,6 +11,7 @@ from tests.support.hostgen.classes import (
     mi300x,
     pcie_box,
 )
+from tests.support.hostgen.platforms import NextBootSpec, build_next_boot
 from tests.support.sysroot import Sysroot
 
 CHECK = "iommu.mode"
@@ -18,6 +19,11 @@ CHECK = "iommu.mode"
 BOX = base(pcie_box, "pcie-box")
 CLEAN_BOX = base(lambda: pcie_box(PcieBoxSpec(translated=False)), "pcie-box-passthrough")
 GH200 = base(grace_hopper, "gh200")
+
+
+def passthrough_dropped(root: Sysroot) -> None:
+    """Booted with iommu=pt, but /etc/default/grub no longer has it (rule 4)."""
+    root.write("/etc/default/grub", root.read("/etc/default/grub").replace("iommu=pt ", ""))
 
 
 def identity_groups(root: Sysroot) -> None:
@@ -34,7 +40,10 @@ def before_5_11(root: Sysroot) -> None:
     root.write("/proc/sys/kernel/osrelease", "5.10.0-30-amd64\n")
     root.write("/boot/config-5.10.0-30-amd64", "CONFIG_IOMMU_SUPPORT=y\n"
                "# CONFIG_IOMMU_DEFAULT_PASSTHROUGH is not set\n")
+    passthrough_dropped(root)  # nor in the configured line (else passthrough is pending)
 
+
+PENDING_BLS = built(lambda: build_next_boot(NextBootSpec(boot="bls")), "next-boot-bls")
 
 CASES = [
     Case("8-GPU box: translated groups and amd_iommu=pt", Status.WARN, base=BOX, fixed=True,
@@ -51,4 +60,12 @@ CASES = [
          fixed=True, after=Status.WARN),
     Case("KVM guest", Status.SKIP, base=base(kvm_guest, "kvm-guest")),
     Case("H200 VM capture", Status.SKIP, base=capture("h200")),
+    # Rule 4: passthrough configured for the next boot is pending a reboot, never a failure
+    # nor a second token; passthrough the next boot drops is a finding now.
+    Case("passthrough in the next kernel's BLS entry: pending a reboot", Status.WARN,
+         base=PENDING_BLS),
+    Case("passthrough pending a reboot is no failure under the latency profile", Status.WARN,
+         base=PENDING_BLS, options=(("translated", "fail"),)),
+    Case("passthrough booted but no longer configured", Status.WARN, passthrough_dropped,
+         base=CLEAN_BOX, fixed=True),
 ]

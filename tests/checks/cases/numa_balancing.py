@@ -11,6 +11,7 @@ from tests.support.hostgen.guests import (
     build_container_audit,
     build_kvm_guest,
 )
+from tests.support.hostgen.platforms import NextBootSpec, build_next_boot
 from tests.support.plant import add_node, plant_numa
 from tests.support.sysroot import Sysroot
 
@@ -73,10 +74,31 @@ def tuned_profile(root: Sysroot) -> None:
 
 
 def cmdline_disable(root: Sysroot) -> None:
+    """Booted with numa_balancing=disable, and configured for the next boot too."""
+    root.remove("/etc/sysctl.d/99-numa.conf")
+    cmdline = root.read("/proc/cmdline").strip()
+    root.write("/proc/cmdline", f"{cmdline} numa_balancing=disable\n")
+    configured = root.read("/etc/kernel/cmdline").strip()
+    root.write("/etc/kernel/cmdline", f"{configured} numa_balancing=disable\n")
+
+
+def cmdline_disable_dropped(root: Sysroot) -> None:
+    """Booted with numa_balancing=disable, which /etc/kernel/cmdline no longer has (rule 4):
+    the next boot starts with the kernel's default."""
     root.remove("/etc/sysctl.d/99-numa.conf")
     cmdline = root.read("/proc/cmdline").strip()
     root.write("/proc/cmdline", f"{cmdline} numa_balancing=disable\n")
 
+
+def next_boot(spec: NextBootSpec) -> Base:
+    return built(lambda: build_next_boot(spec), f"next-boot-{spec.boot}")
+
+
+#: systemd-sysctl's order (sysctl.d(5)): /etc/sysctl.d/50-numa.conf masks the vendor file of
+#: that name, and /run's 90-late.conf sorts after it, so its 1 is the boot's value.
+SYSCTL_LAYERS = {"/usr/lib/sysctl.d/50-numa.conf": "kernel.numa_balancing = 1\n",
+                 "/etc/sysctl.d/50-numa.conf": "kernel.numa_balancing = 0\n",
+                 "/run/sysctl.d/90-late.conf": "kernel.numa_balancing = 1\n"}
 
 CASES = [
     Case("one node: nothing to migrate", Status.PASS),
@@ -104,4 +126,15 @@ CASES = [
          base=built(lambda: build_container_audit(ContainerAuditSpec(host_numa=True)), "ct")),
     Case("inside an unprivileged container: the host's balancing is off", Status.PASS,
          base=built(lambda: build_container_audit(ContainerAuditSpec()), "ct")),
+    Case("PVE 9: numa_balancing=disable booted, no longer configured", Status.WARN,
+         cmdline_disable_dropped, base=pve9(), fixed=True),
+    # Rule 4: the next boot's line and sysctls as every check reads them.
+    Case("PCIe box: the next boot's line drops numa_balancing=disable", Status.WARN,
+         base=next_boot(NextBootSpec(boot="grub")), fixed=True),
+    Case("PCIe box: a later /run/sysctl.d file sets 1 over /etc's 0", Status.FAIL,
+         base=next_boot(NextBootSpec(boot="systemd-boot", sysctl=SYSCTL_LAYERS)), fixed=True),
+    Case("PCIe box: on now, a later sysctl.d file already sets 0", Status.FAIL,
+         base=next_boot(NextBootSpec(boot="bls", balancing="1", sysctl={
+             "/etc/sysctl.d/10-numa.conf": "kernel.numa_balancing = 1\n",
+             "/etc/sysctl.d/95-numa.conf": "kernel.numa_balancing = 0\n"})), fixed=True),
 ]

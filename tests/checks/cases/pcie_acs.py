@@ -1,7 +1,7 @@
 """pcie.acs: redirect on the ports above GPUs and NICs, covered or not by the command line."""
 
 from auditor.model import Status
-from tests.support.cases import Case, capture
+from tests.support.cases import Case, built, capture
 from tests.support.hostgen.classes import (
     PcieBoxSpec,
     base,
@@ -11,6 +11,7 @@ from tests.support.hostgen.classes import (
     mi300x,
     pcie_box,
 )
+from tests.support.hostgen.platforms import NextBootSpec, build_next_boot
 from tests.support.sysroot import Sysroot
 
 CHECK = "pcie.acs"
@@ -50,4 +51,10 @@ CASES = [
     Case("GH200", Status.SKIP, base=base(grace_hopper, "gh200")),
     Case("KVM guest", Status.SKIP, base=base(kvm_guest, "kvm-guest")),
     Case("H200 VM capture", Status.SKIP, base=capture("h200")),
+    # Rule 4: the next boot's pci=disable_acs_redir= (a grub.d drop-in) covers every port:
+    # the bits are set now, the parameter pending a reboot; the fix clears the bits now and
+    # writes no second token, and the re-audit finds them cleared at runtime, still pending.
+    Case("redirect on every port, the next boot's line covers them", Status.FAIL,
+         base=built(lambda: build_next_boot(NextBootSpec(boot="grub")), "next-boot-grub"),
+         fixed=True, after=Status.WARN),
 ]

@@ -183,3 +183,103 @@ def build_grace(spec: GraceSpec | None = None) -> Tree:
     tree.put("/etc/default/grub", 'GRUB_DEFAULT=0\nGRUB_CMDLINE_LINUX_DEFAULT=""\n'
              'GRUB_CMDLINE_LINUX=""\n')
     return tree
+
+
+# -- the next boot: a PCIe GPU box whose configured line is not the booted one ---------------
+
+#: What the box was booted with (its IOMMU translating: amd_iommu=pt does nothing).
+BOOTED_TOKENS = ("quiet", "amd_iommu=pt", "numa_balancing=disable")
+#: What its loader is configured to pass at the next boot, on top of "quiet": passthrough,
+#: ACS redirect off on the AMD root ports and Broadcom switch ports, acpi_idle capped at C1,
+#: CPU0 isolated; numa_balancing=disable is dropped.
+PENDING_TOKENS = ("iommu=pt", "pci=disable_acs_redir=pci:1022:14ab;pci:1000:c030",
+                  "processor.max_cstate=1", "isolcpus=0-3")
+RHEL = ('NAME="Rocky Linux"\nVERSION_ID="9.6"\nID="rocky"\nID_LIKE="rhel centos fedora"\n'
+        'PRETTY_NAME="Rocky Linux 9.6 (Blue Onyx)"\n')
+PVE = ('PRETTY_NAME="Debian GNU/Linux 13 (trixie)"\nNAME="Debian GNU/Linux"\n'
+       'VERSION_ID="13"\nID=debian\n')
+
+
+@dataclass
+class NextBootSpec:
+    """Where the box keeps its command line; the pending tokens go there, not booted."""
+
+    #: ``grub`` (a grub.d drop-in extends the line), ``bls`` (Rocky 9: a newer kernel's
+    #: entry carries them, /etc/default/grub is stale) or ``systemd-boot``
+    #: (proxmox-boot-tool's /etc/kernel/cmdline; /etc/default/grub is left from before).
+    boot: str = "grub"
+    pending: tuple[str, ...] = PENDING_TOKENS
+    #: Runtime kernel.numa_balancing.
+    balancing: str = "0"
+    #: sysctl.d files, path -> content (systemd-sysctl order decides).
+    sysctl: dict[str, str] | None = None
+
+
+def build_next_boot(spec: NextBootSpec | None = None) -> Tree:
+    """Build the 8-GPU PCIe box (classes.pcie_box) with EPYC idle states, two NUMA nodes and a
+    boot loader configured with tokens the running kernel was not booted with."""
+    from tests.support.hostgen.classes import pcie_box
+
+    spec = spec or NextBootSpec()
+    tree = pcie_box()
+    for path in [p for p in tree.files if p.startswith("/etc/default/grub")]:
+        del tree.files[path]
+    cpu_tree(tree, 128, "acpi_idle", EPYC_STATES)
+    tree.put("/sys/module/processor/parameters/max_cstate", "8\n")
+    tree.put("/proc/sys/kernel/numa_balancing", spec.balancing + "\n")
+    tree.put("/usr/lib/systemd/system/systemd-sysctl.service", "[Unit]\n")
+    for path, text in (spec.sysctl or {}).items():
+        tree.put(path, text)
+    running = "6.8.0-60-generic"
+    booted = " ".join(BOOTED_TOKENS)
+    configured = ["quiet", *spec.pending]
+    root = "root=/dev/mapper/vg-root ro"
+    stale_grub = ('GRUB_DEFAULT=0\nGRUB_TIMEOUT=5\n'
+                  f'GRUB_CMDLINE_LINUX_DEFAULT="{booted}"\nGRUB_CMDLINE_LINUX=""\n')
+    if spec.boot == "grub":
+        tree.put("/proc/cmdline", f"BOOT_IMAGE=/boot/vmlinuz-{running} {root} {booted}\n")
+        # grub-mkconfig sources the drop-in after /etc/default/grub: it extends the line.
+        first, rest = configured[:2], configured[2:]
+        tree.put("/etc/default/grub", 'GRUB_DEFAULT=0\nGRUB_TIMEOUT=5\n'
+                 f'GRUB_CMDLINE_LINUX_DEFAULT="{" ".join(first)}"\nGRUB_CMDLINE_LINUX=""\n')
+        escaped = " ".join(t.replace(";", "\\;") for t in rest)
+        tree.put("/etc/default/grub.d/60-gpu.cfg",
+                 f'GRUB_CMDLINE_LINUX_DEFAULT="$GRUB_CMDLINE_LINUX_DEFAULT {escaped}"\n')
+    elif spec.boot == "bls":
+        running = "5.14.0-503.40.1.el9_5.x86_64"
+        newer = "5.14.0-570.23.1.el9_6.x86_64"
+        tree.put("/etc/os-release", RHEL)
+        tree.put("/proc/sys/kernel/osrelease", running + "\n")
+        tree.put("/proc/version", f"Linux version {running} (mockbuild@rocky) #1 SMP\n")
+        tree.put("/proc/cmdline", f"BOOT_IMAGE=(hd0,gpt2)/vmlinuz-{running} {root} {booted}\n")
+        del tree.files["/boot/vmlinuz-6.8.0-60-generic"]
+        tree.files.pop("/lib/modules/6.8.0-60-generic/modules.dep", None)
+        tree.put("/etc/default/grub", stale_grub)
+        machine = "0f3c9a4e2b7d4e1f8a6c5b4d3e2f1a0b"
+        for release, options in ((running, booted), (newer, " ".join(configured))):
+            tree.put(f"/boot/vmlinuz-{release}", b"\x7fELF")
+            tree.put(f"/lib/modules/{release}/modules.dep", "")
+            # BLS: options may be given on several lines, combined in order.
+            tree.put(f"/boot/loader/entries/{machine}-{release}.conf",
+                     f"title Rocky Linux ({release}) 9\nversion {release}\n"
+                     f"linux /vmlinuz-{release}\ninitrd /initramfs-{release}.img\n"
+                     f"options {root}\noptions {options}\n")
+        tree.put("/boot/grub2/grubenv", f"saved_entry={machine}-{newer}\n")
+    elif spec.boot == "systemd-boot":
+        running = "6.14.8-2-pve"
+        tree.put("/etc/os-release", PVE)
+        tree.put("/proc/sys/kernel/osrelease", running + "\n")
+        tree.put("/proc/version", f"Linux version {running} (build@proxmox) #1 SMP\n")
+        # systemd-boot passes no BOOT_IMAGE=: the line is /etc/kernel/cmdline as written.
+        tree.put("/proc/cmdline", f"initrd=\\EFI\\proxmox\\{running}\\initrd.img-{running} "
+                 f"{root} {booted}\n")
+        del tree.files["/boot/vmlinuz-6.8.0-60-generic"]
+        tree.files.pop("/lib/modules/6.8.0-60-generic/modules.dep", None)
+        tree.put(f"/boot/vmlinuz-{running}", b"\x7fELF")
+        tree.put(f"/lib/modules/{running}/modules.dep", "")
+        tree.put("/etc/default/grub", stale_grub)
+        tree.put("/etc/kernel/proxmox-boot-uuids", "1A2B-3C4D\n")
+        tree.put("/etc/kernel/cmdline", f"{root} {' '.join(configured)}\n")
+    else:
+        raise ValueError(f"unknown boot loader {spec.boot!r}")
+    return tree
