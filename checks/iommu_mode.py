@@ -16,7 +16,8 @@ command line and the kernel's build configuration, and the finding says so.
 The next boot's line is the one every check shares (checks/lib/bootloader.py
 ``next_boot``): passthrough configured there but not booted is *pending a reboot* (a
 warning whose fix is the reboot, never a second token), and passthrough booted but no longer
-configured is a finding now, before the reboot translates the devices again.
+configured is a finding now, before the reboot translates the devices again. GeForce boards
+are never a finding: the NVIDIA driver refuses them peer-to-peer and GPUDirect RDMA.
 """
 
 from __future__ import annotations
@@ -207,6 +208,7 @@ class IommuMode(Check[IommuOptions]):
         pt_source = next(
             (nxt.source(t) for t in reversed(nxt.tokens)
              if t.startswith(("iommu.passthrough=", "iommu="))), "") if nxt.known else ""
+        refused = {d.address for d in found.refused}
         old_smmu = (arch == "aarch64" and any(u.startswith("smmu3.") for u in units)
                     and kernel_before(host, SMMU_IDENTITY_FIXED) is True)
         # Passthrough is one switch for the whole host: where it would break the NVIDIA
@@ -226,7 +228,14 @@ class IommuMode(Check[IommuOptions]):
             if mode.inferred:
                 ev["inferred"] = mode.inferred
             how = f" ({mode.inferred})" if mode.inferred else ""
-            if group is None:
+            if device.address in refused:
+                # Rule 9: the NVIDIA driver gives GeForce boards neither P2P nor GPUDirect
+                # RDMA, so translation of their DMA costs no peer traffic.
+                findings.append(self.passed(
+                    device.address, f"{what}: a GeForce board, which the driver refuses "
+                    f"peer-to-peer and GPUDirect RDMA: IOMMU group {group or 'none'} "
+                    f"({mode.type}) carries none of its peer traffic", evidence=ev))
+            elif group is None:
                 findings.append(self.passed(device.address, f"{what}: in no IOMMU group, its "
                                             "DMA is not translated", evidence=ev))
             elif mode.type == "identity":

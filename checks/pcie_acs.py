@@ -15,6 +15,9 @@ IOMMU drivers' ``pci_request_acs``), then apply ``pci=disable_acs_redir=`` and
 ``setpci`` fix lasts only until the next config-state restore (port runtime resume,
 AER/DPC recovery, reset, hot-plug) while an IOMMU is active; the command line survives.
 
+Only ports above devices that talk peer to peer are judged (gpupath.peers): not GeForce
+boards (the driver refuses them P2P), not GPUs whose peer traffic an NVLink or xGMI fabric
+carries unless an RDMA NIC pairs with them, not a port with a single peer device below it.
 The command line that will cover a port is the next boot's, as every check reads it
 (checks/lib/bootloader.py ``next_boot``): a port it covers is *pending a reboot*, and the
 fix writes no second ``pci=`` token for it.
@@ -154,11 +157,14 @@ class PcieAcs(Check[CheckOptions]):
         # Only the GPUs that can do P2P (not GeForce boards, which the driver refuses it).
         gpus = {d.address for d in found.capable}
         inventory = pci.by_address(host)
-        fabric = self._fabric(host, inventory)
+        # The fabric gpupath.peers found (the same one iommu.mode and pcie.bar1 go by): an
+        # NVSwitch fabric, or every P2P-capable GPU in one xGMI hive.
+        fabric = found.fabric
         # The next boot's line, as boot.cmdline reads it: a port its configured pci= covers
         # is pending a reboot, and the fix does not write it again.
         nxt = bootloader.next_boot(host)
-        gdr = bool(found.gpus and found.rdma)
+        # GPUDirect RDMA needs a GPU the driver gives it (not a GeForce board) and an RDMA NIC.
+        gdr = bool(found.capable and found.rdma)
         try:
             iommu = any(not n.startswith(".") for n in host.listdir(IOMMU_CLASS))
         except OSError:
@@ -297,17 +303,6 @@ class PcieAcs(Check[CheckOptions]):
         if not above:
             return True
         return not any(above[0] in d.ancestors() and d.address != targets[0] for d in devices)
-
-    @staticmethod
-    def _fabric(host: Host, inventory: dict[str, pci.PciDevice]) -> str:
-        """Return the GPU fabric that carries GPU-to-GPU traffic instead of PCIe, or ""."""
-        switches = sum(1 for d in inventory.values() if d.is_nvswitch)
-        if switches:
-            return f"NVLink ({switches} NVSwitches)"
-        hives = [d for d in inventory.values() if d.vendor == pci.AMD_GPU and d.is_gpu
-                 and (pci.read_file(host, f"{pci.device_path(d.address)}/xgmi_hive_info/"
-                                            "xgmi_hive_id") or "").strip()]
-        return f"xGMI ({len(hives)} GPUs in a hive)" if len(hives) >= 2 else ""
 
     def _lint(self, tokens: Sequence[str]) -> Iterable[Finding]:
         for value in params(tokens, "pcie_acs_override"):

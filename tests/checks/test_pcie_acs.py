@@ -159,7 +159,7 @@ def test_an_nvlink_fabric_makes_root_port_redirect_a_warning(tmp_path: Path) -> 
 def test_an_xgmi_hive_is_a_fabric_too(tmp_path: Path) -> None:
     found = findings(mi300x(acs_covered=False).write_dir(tmp_path / "mi"))
     assert found["0000:04:01.1"].status is Status.WARN
-    assert "xGMI (8 GPUs in a hive)" in found["0000:04:01.1"].message
+    assert "xGMI (one hive)" in found["0000:04:01.1"].message
     assert found["0000:06:00.0"].status is Status.FAIL
 
 

@@ -26,6 +26,16 @@ def passthrough_dropped(root: Sysroot) -> None:
     root.write("/etc/default/grub", root.read("/etc/default/grub").replace("iommu=pt ", ""))
 
 
+def geforce(root: Sysroot) -> None:
+    """Every GPU a GeForce board: the driver refuses them P2P and GPUDirect RDMA (rule 9);
+    the IOMMU translates (no amd_iommu=pt to lint)."""
+    root.write("/proc/cmdline", root.read("/proc/cmdline").replace(" amd_iommu=pt", ""))
+    for path in root.path("/proc/driver/nvidia/gpus").glob("*/information"):
+        text = path.read_text()
+        model = text.split("Model:", 1)[1].split("\n", 1)[0].strip()
+        path.write_text(text.replace(model, "NVIDIA GeForce RTX 5090"))
+
+
 def identity_groups(root: Sysroot) -> None:
     """Every IOMMU group of the GH200 in passthrough (iommu.passthrough=1 on a 6.8 kernel)."""
     for path in root.path("/sys/kernel/iommu_groups").glob("*/type"):
@@ -68,4 +78,6 @@ CASES = [
          base=PENDING_BLS, options=(("translated", "fail"),)),
     Case("passthrough booted but no longer configured", Status.WARN, passthrough_dropped,
          base=CLEAN_BOX, fixed=True),
+    # Rule 9: GeForce boards give no peer DMA to translate.
+    Case("8 GeForce boards and two RDMA NICs", Status.SKIP, geforce, base=BOX),
 ]

@@ -11,7 +11,9 @@ from tests.support.hostgen.classes import (
     mi300x,
     pcie_box,
 )
+from tests.support.hostgen.pcie import single_peer_ports
 from tests.support.hostgen.platforms import NextBootSpec, build_next_boot
+from tests.support.hostgen.serving import dgx_class
 from tests.support.sysroot import Sysroot
 
 CHECK = "pcie.acs"
@@ -28,6 +30,14 @@ def unprivileged(root: Sysroot) -> None:
 def acs_override(root: Sysroot) -> None:
     text = root.read("/proc/cmdline").strip()
     root.write("/proc/cmdline", text + " pcie_acs_override=downstream,multifunction\n")
+
+
+def geforce(root: Sysroot) -> None:
+    """Every GPU a GeForce board: the driver refuses them P2P and GPUDirect RDMA (rule 9)."""
+    for path in root.path("/proc/driver/nvidia/gpus").glob("*/information"):
+        text = path.read_text()
+        model = text.split("Model:", 1)[1].split("\n", 1)[0].strip()
+        path.write_text(text.replace(model, "NVIDIA GeForce RTX 5090"))
 
 
 CASES = [
@@ -57,4 +67,13 @@ CASES = [
     Case("redirect on every port, the next boot's line covers them", Status.FAIL,
          base=built(lambda: build_next_boot(NextBootSpec(boot="grub")), "next-boot-grub"),
          fixed=True, after=Status.WARN),
+    # Rule 9: devices that cannot talk peer to peer over these ports.
+    Case("8 GeForce boards and two RDMA NICs", Status.SKIP, geforce,
+         base=base(pcie_box, "pcie-box")),
+    Case("NVLink fabric, no RDMA NIC", Status.SKIP,
+         base=base(lambda: dgx_class(rdma_nics=0), "dgx-nvlink-no-nic")),
+    Case("redirecting ports above single GPUs only", Status.PASS,
+         base=base(lambda: single_peer_ports(paired=False), "single-peers")),
+    Case("two GPUs below one switch beside single-GPU ports", Status.FAIL,
+         base=base(single_peer_ports, "single-and-paired-peers")),
 ]

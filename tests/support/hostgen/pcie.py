@@ -331,3 +331,36 @@ def switch(parent: Function, upstream: str, downstream: list[str], *, vendor: in
                             driver="pcieport", mrrs=512, **kw))  # type: ignore[arg-type]
             for address in downstream]
 
+
+
+# -- a host of single-peer ports ---------------------------------------------------------------
+
+_H100 = (0x10DE, 0x2330, 0x030200)
+_NVME = (0x144D, 0xA80A, 0x010802)
+
+
+def single_peer_ports(*, paired: bool = True) -> Tree:
+    """Build an EPYC host with three root ports, ACS redirect on as the kernel sets it: one
+    GPU alone below a root port, two GPUs below one switch (``paired``; else that root port
+    is empty), and a switch with one GPU and an NVMe drive (no peer beside the GPU)."""
+    from tests.support.hostgen.classes import HostFiles
+
+    tree = Tree()
+    release = "6.8.0-60-generic"
+    HostFiles("acs-01", "amd", 64, ["0-31", "32-63"], release,
+              f"BOOT_IMAGE=/boot/vmlinuz-{release} root=/dev/sda1 ro iommu=pt",
+              iommu_units=["ivhd0"]).write(tree)
+    alone = root_port("0000:00:01.1", acs=ACS_KERNEL_ON)
+    alone.add(Function("0000:01:00.0", *_H100, driver="nvidia"))
+    pair = root_port("0000:40:01.1", acs=ACS_KERNEL_ON)
+    if paired:
+        for port, gpu in zip(switch(pair, "0000:41:00.0", ["0000:42:00.0", "0000:42:01.0"],
+                                    acs=ACS_KERNEL_ON), ("0000:43:00.0", "0000:44:00.0"),
+                             strict=True):
+            port.add(Function(gpu, *_H100, driver="nvidia"))
+    mixed = root_port("0000:80:01.1", acs=ACS_KERNEL_ON)
+    ports = switch(mixed, "0000:81:00.0", ["0000:82:00.0", "0000:82:01.0"], acs=ACS_KERNEL_ON)
+    ports[0].add(Function("0000:83:00.0", *_H100, driver="nvidia"))
+    ports[1].add(Function("0000:84:00.0", *_NVME, driver="nvme"))
+    write_topology(tree, [alone, pair, mixed])
+    return tree
