@@ -6,10 +6,13 @@ or driver update. A container that bind-mounts ``/dev/nvidia-uvm`` and allows
 ``c 509:* rwm`` keeps working until the major moves, then CUDA (or ROCm) fails inside
 the container. The check judges what each container really gets, as LXC builds it:
 
-- the settings in order, every ``lxc.include`` followed (a file, or a directory of
-  ``*.conf``), for Proxmox the config ``pct start`` generates (the distribution's
-  common config, the userns config of an unprivileged container, one allow rule per
-  devN entry at its node's numbers, then the container's own ``lxc.*`` lines);
+- the settings in order, every ``lxc.include`` followed as LXC follows it (a file, a
+  directory of ``*.conf``, nested, links followed inside the paths the audit reads, a
+  relative path from where ``pct start`` runs LXC; a loop, a missing file or a directory
+  read as a file is a config LXC refuses), for Proxmox the config ``pct start``
+  generates (the distribution's common config, the userns config of an unprivileged
+  container, one allow rule per devN entry at its node's numbers, then the container's
+  own ``lxc.*`` lines);
 - the GPU nodes it gets: bind mounts, devN entries, and the nodes LXC's ``nvidia``
   mount hook binds (hooks/nvidia, through ``nvidia-container-cli --no-cgroups``:
   the config's own rules must allow them);
@@ -18,7 +21,11 @@ the container. The check judges what each container really gets, as LXC builds i
 - for a container that runs now, what it runs with: Proxmox's
   ``/var/lib/lxc/<id>/config`` written at its last start, or the cgroup v1
   ``devices.list``; Incus and LXD write the config of each start to
-  ``<logs>/<name>/lxc.conf``.
+  ``<logs>/<name>/lxc.conf``. A config corrected on disk leaves a running container
+  with its old rule until it restarts (the finding says so, and the fix is the
+  restart); a config broken after the start leaves it working until then. Where no
+  file shows what it started with (plain LXC on cgroup2, a missing generated config),
+  that part is a skip that says so.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from auditor.checks.lib.lxc_config import (
     PROC_CGROUP,
     PROC_DEVICES,
     PVE_ROOT,
+    PVE_START_DIR,
     READS,
     CgroupMode,
     ConfigLine,
@@ -376,19 +384,28 @@ class LxcDeviceMajors(Check[CheckOptions]):
             dev_nodes = []
             entries = config_entries(text, container.path)
             unprivileged = False
-        view = self._view(ctx, "config", container.path, entries, dev_nodes, unprivileged)
+        cwd = PVE_START_DIR if container.flavour == "proxmox" else None
+        view = self._view(ctx, "config", container.path, entries, dev_nodes, unprivileged,
+                          cwd=cwd)
         if view.loaded.fatal:
-            missing = view.loaded.fatal[0]
+            refused = view.loaded.fatal[0]
+            again = (" again: it runs now with the config of its last start, and a restart "
+                     "would fail" if is_running else "")
+            fix = (f"create {refused.path} or remove the lxc.include line that names it"
+                   if refused.why == "does not exist"
+                   else f"correct or remove the lxc.include that reaches {refused.path}")
             yield self.warned(
                 container.id,
-                f"LXC refuses to load this config: lxc.include {missing} does not exist "
-                "(confile.c reads an included file or fails), so the container does not start",
-                observed=f"lxc.include {missing}", expected="an include that exists",
-                fix=f"create {missing} or remove the lxc.include line that names it",
-                evidence={**base, "include": missing},
+                f"LXC refuses to load this config: lxc.include {refused.path} {refused.why} "
+                "(confile.c set_config_includefiles fails, and the config with it), so the "
+                f"container does not start{again}",
+                observed=f"lxc.include {refused.path}", expected="an include LXC can read",
+                fix=fix,
+                evidence={**base, "include": refused.path, "include_problem": refused.why},
             )
             return
-        live = self._running_view(ctx, container, view) if is_running else None
+        live, live_unknown = (self._running_view(ctx, container, view) if is_running
+                              else (None, ""))
         nodes = view.nodes or (live.nodes if live is not None else [])
         if not nodes:
             yield self.passed(container.id, "no GPU device nodes are mounted or passed through",
@@ -416,16 +433,26 @@ class LxcDeviceMajors(Check[CheckOptions]):
             )
             return
         if failing:
-            yield from self._failures(ctx, container, section, view, failing, base, live)
+            yield from self._failures(ctx, container, section, view, failing, base, live,
+                                      live_unknown)
             return
         stale_run = ([n for n in live.nodes if n.major is not None and not permits(live, n)]
                      if live is not None else [])
         if stale_run and live is not None:
             yield from self._stale_run(container, view, live, stale_run, base)
             return
-        if unknown:
-            return
-        yield self._pass(container, view, live, base)
+        if not unknown:
+            yield self._pass(container, view, live, base)
+        if live is None and is_running:
+            # Missing is not absent: the config passes, but what the running container
+            # was started with is not seen, so its present access is not judged.
+            yield self.skipped(
+                container.id,
+                f"it runs now, and what it was started with is unknown: {live_unknown}; its "
+                f"config on disk allows its GPU nodes, which a restart "
+                f"({' '.join(restart_command(container.kind, container.id))}) applies",
+                aspect="running", evidence={**base, "view": "running"},
+            )
 
     def _read_config(self, host: Host, container: Container) -> str | Finding:
         path = container.path
@@ -442,8 +469,8 @@ class LxcDeviceMajors(Check[CheckOptions]):
 
     def _view(self, ctx: _Context, label: str, source: str, entries: list[Entry],
               dev_nodes: list[GpuNode], unprivileged: bool, *,
-              targets: bool = False) -> View:
-        loaded = load_entries(ctx.host, entries, proxmox=ctx.proxmox)
+              targets: bool = False, cwd: str | None = None) -> View:
+        loaded = load_entries(ctx.host, entries, proxmox=ctx.proxmox, cwd=cwd)
         rules, ignored = _effective_rules(ctx.host, loaded.entries, ctx.mode)
         nodes: dict[str, GpuNode] = {}
         for node in [*self._mounted_nodes(ctx, loaded.entries, targets), *dev_nodes]:
@@ -459,25 +486,46 @@ class LxcDeviceMajors(Check[CheckOptions]):
                     hook if hook is not None and self._hook_hands_gpus(loaded.entries) else None,
                     unprivileged)
 
-    def _running_view(self, ctx: _Context, container: Container, config: View) -> View | None:
-        """Return what a running container runs with, where a file shows it."""
+    def _running_view(self, ctx: _Context, container: Container, config: View
+                      ) -> tuple[View | None, str]:
+        """Return what a running container runs with where a file shows it, else why not."""
         if container.flavour == "proxmox":
-            # PVE::LXC update_lxc_config writes it at every pct start, devN rules resolved.
+            # PVE::LXC update_lxc_config writes it at every pct start (vm_start), devN rules
+            # resolved, the container's own lxc.* lines copied as they were. (A later `pct
+            # set` writes it again from the config of that moment; its lxc.include lines
+            # are read again at the next start only.)
             path = f"/var/lib/lxc/{container.id}/config"
-            text = ctx.host.read_optional(path)
-            if text is None:
-                return None
+            entry = ctx.host.stat(path)
+            if entry is None or entry.kind != "file":
+                what = "missing" if entry is None else f"a {entry.kind}, not a file"
+                return None, f"{path}, which pct start writes, is {what}"
+            try:
+                text = ctx.host.read_text(path)
+            except OSError as exc:
+                return None, f"{path} cannot be read ({exc})"
             dev_nodes = [n for n in config.nodes if n.via == "devN"]
-            return self._view(ctx, "running", path, config_entries(text, path), dev_nodes,
-                              config.unprivileged)
+            live = self._view(ctx, "running", path, config_entries(text, path), dev_nodes,
+                              config.unprivileged, cwd=PVE_START_DIR)
+            if live.loaded.fatal:
+                refused = live.loaded.fatal[0]
+                return None, (f"{path} includes {refused.path}, which {refused.why} now, so "
+                              "what it read at its start is not on disk")
+            return live, ""
         listed = devices_list(ctx.host, container.id)
         if listed is None:
-            return None
+            if ctx.mode == "v1":
+                return None, "its cgroup v1 devices.list is not readable"
+            # LXC keeps the config it started with in its monitor (lxc-info -c asks it over
+            # the command socket); cgroup2 enforces the rules with a BPF program that no
+            # cgroup file lists.
+            return None, (f"LXC writes no file of the config it started with, and cgroup2's "
+                          f"device program cannot be read back ('lxc-info -n {container.id} "
+                          "-c lxc.cgroup2.devices.allow' shows its rules)")
         path, text = listed
         rules = [Rule(True, rule, ConfigLine(0, rule.format()), path, path)
                  for rule in parse_devices_list(text)]
         return View("running", path, rules, "list", config.nodes, loaded=config.loaded,
-                    unprivileged=config.unprivileged)
+                    unprivileged=config.unprivileged), ""
 
     def _judge_instance(self, ctx: _Context, container: Container,
                         base: dict[str, str]) -> Iterator[Finding]:
@@ -645,10 +693,9 @@ class LxcDeviceMajors(Check[CheckOptions]):
                 "Proxmox allows at the live major on every start (the lasting fix)"
             )
         if live is not None:
-            parts.append(f"it runs with the same access ({live.source})")
-        elif base.get("running") == "yes":
-            parts.append("it runs now; its running device rules are a cgroup2 program no "
-                         "file shows, so its config was judged")
+            parts.append(f"it runs with the same access ({live.source}"
+                         + (", its includes as they are on disk now" if live.loaded.included
+                            else "") + ")")
         if view.loaded.unknown:
             parts.append(f"not counting an include this audit cannot read: "
                          f"{view.loaded.unknown[0]}")
@@ -683,6 +730,7 @@ class LxcDeviceMajors(Check[CheckOptions]):
         failing: list[GpuNode],
         base: dict[str, str],
         live: View | None,
+        live_unknown: str = "",
     ) -> Iterator[Finding]:
         stale = _stale_rules(failing, view.nodes, view.rules, ctx.drivers)
         restart = " ".join(restart_command(container.kind, container.id))
@@ -718,9 +766,20 @@ class LxcDeviceMajors(Check[CheckOptions]):
             if view.ignored:
                 message += (f"; {len(view.ignored)} lxc.cgroup.devices lines are ignored on "
                             "this pure cgroup2 host")
-            if base.get("running") == "yes":
-                message += (f"; it runs now with the rules of its last start, so it stays "
-                            f"broken until restarted ({restart})")
+            runs_allowed = False
+            if live is not None and node.major is not None and permits(live, node):
+                # The file was broken after the start: the container works until it restarts.
+                runs_allowed = True
+                message += (f"; it runs now with the rules of its last start ({live.source}), "
+                            "which still allow it: it breaks at its next start unless the "
+                            "config is corrected")
+            elif live is not None:
+                message += (f"; it runs now with the rules of its last start ({live.source}), "
+                            f"which do not allow it either: it stays broken until the config "
+                            f"is corrected and it is restarted ({restart})")
+            elif base.get("running") == "yes":
+                message += (f"; it runs now, and what it was started with is unknown "
+                            f"({live_unknown}): correct the config, then restart it ({restart})")
             if container.flavour == "proxmox" and node.via != "devN":
                 fix += ("; lasting: pass each node in it as a devN entry"
                         if node.path in _NODE_DIRS
@@ -740,6 +799,8 @@ class LxcDeviceMajors(Check[CheckOptions]):
                 ev["rule_path"] = chosen.path
             if node.via != "mount":
                 ev["via"] = node.via
+            if runs_allowed:
+                ev["running_allows"] = "yes"
             yield self.failed(
                 container.id, message,
                 observed=(f"allows c {' '.join(map(str, majors))}" if majors
@@ -758,16 +819,24 @@ class LxcDeviceMajors(Check[CheckOptions]):
                            if r.allow and r.rule.type == "c" and r.rule.major in DYNAMIC_MAJORS
                            and (r.rule.minor is None or node.minor is None
                                 or r.rule.minor == node.minor)})
-            held_text = f" (it allows {', '.join(map(str, held))})" if held else ""
+            old = next((r for r in live.rules
+                        if r.allow and r.rule.type == "c" and r.rule.major in held), None)
+            if old is not None:
+                # Name the rule it still has, where the started config writes it.
+                held_text = (f": it still has the old rule '{old.line.text.strip()}' "
+                             f"({old.origin or live.source})")
+            else:
+                held_text = (f" ({live.source}" + (f"; it allows {', '.join(map(str, held))}"
+                                                   if held else "") + ")")
             if managed:
                 message = (f"{node.path} ({node.driver}) has major {node.major} now, but the "
-                           f"instance runs with the device rules of its start{held_text}: it "
+                           f"instance runs with the device rules of its start{held_text}; it "
                            f"stays broken until restarted ({restart})")
             else:
                 message = (f"{node.path} ({node.driver}) has major {node.major} now and "
                            f"{config.source} allows it, but the container runs with the rules "
-                           f"of its last start ({live.source}){held_text}: it stays broken "
-                           f"until restarted ({restart})")
+                           f"of its last start{held_text}; it stays broken until restarted "
+                           f"({restart}): the config on disk needs no change")
             yield self.failed(
                 container.id, message,
                 observed=(f"runs allowing c {' '.join(map(str, held))}" if held
@@ -811,7 +880,8 @@ class LxcDeviceMajors(Check[CheckOptions]):
             if not (config.startswith("/") and current.isdigit()):
                 if "hook" in ev or "include" in ev:
                     title = ("the nvidia hook needs an unprivileged container" if "hook" in ev
-                             else f"lxc.include {ev['include']} does not exist")
+                             else f"lxc.include {ev['include']} "
+                             f"{ev.get('include_problem', 'does not exist')}")
                     remedies.append(Remedy(check=self.id, subject=container, title=title,
                                            advice=(Advice(finding.fix),)))
                 continue
@@ -853,7 +923,11 @@ class LxcDeviceMajors(Check[CheckOptions]):
                     inserted.add((real, added))
                     steps.append(InsertLine(real, after, anchor, added))
             advice: list[Advice] = []
-            if argv:
+            if ev.get("running_allows") == "yes":
+                advice.append(Advice(f"container {container} runs with the rules of its last "
+                                     "start, which allow the device: no restart is needed, the "
+                                     "corrected rule applies at its next start"))
+            elif argv:
                 advice.append(Advice(f"restart container {container} to apply the new rule",
                                      argv))
             else:

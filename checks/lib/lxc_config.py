@@ -34,6 +34,11 @@ PROC_DEVICES = "/proc/devices"
 PROC_CGROUP = "/proc/1/cgroup"
 PVE_ROOT = "/etc/pve"
 PLAIN_LXC_GLOB = "/var/lib/lxc/*/config"
+#: Where lxc-start runs on Proxmox, which opens a relative lxc.include from there:
+#: ``pct start`` starts the pve-container@<id> unit (``ExecStart=/usr/bin/lxc-start -F -n
+#: %i``, no WorkingDirectory=, so a system service's "/"), and lxc-start reads the config
+#: before it changes directory.
+PVE_START_DIR = "/"
 #: Incus and LXD: (manager, the directory of its containers, the directory where it writes
 #: the LXC config it generates at each start: ``<logs>/<name>/lxc.conf``; driver_lxc.go
 #: ``configPath := filepath.Join(d.LogPath(), "lxc.conf")``).
@@ -409,13 +414,17 @@ INCLUDE_READS: tuple[str, ...] = (
     f"{LXC_CONFIG_DIR}/*/*",
     "/etc/lxc/*",
     "/etc/lxc/*/*",
+    "/etc/lxc/*/*/*",
     "/var/lib/lxc/*/*.conf",
+    "/var/lib/lxc/*/*/*.conf",
 )
 #: LXC follows includes without a limit (a loop recurses until it fails); these bound ours.
 MAX_INCLUDE_DEPTH = 8
 MAX_INCLUDED_FILES = 64
 #: An included config is a few dozen lines; more than this is not read.
 MAX_INCLUDE_BYTES = 256 * 1024
+#: The most lines one line of a config may hold through carriage returns.
+MAX_PIECES = 64
 #: Running containers: a cgroup v2 directory exists while a container runs (Proxmox puts
 #: its containers at lxc/<id>, ``lxc.cgroup.dir.container = lxc/$vmid`` in PVE::LXC
 #: ``update_lxc_config``; LXC >= 4 at lxc.payload.<name>, older LXC at lxc/<name>), and on
@@ -453,6 +462,14 @@ class Entry(NamedTuple):
     origin: str = ""
 
 
+class Refused(NamedTuple):
+    """An include LXC fails on, and why."""
+
+    path: str
+    #: Completes "lxc.include PATH ...": ``does not exist``, ``is a directory``.
+    why: str = "does not exist"
+
+
 @dataclass
 class Loaded:
     """A config's settings in the order LXC applies them, with what reading them found."""
@@ -464,8 +481,9 @@ class Loaded:
     assumed: list[str] = field(default_factory=list)
     #: Includes this audit could not follow: what they set is unknown.
     unknown: list[str] = field(default_factory=list)
-    #: Includes LXC refuses (a file that does not exist): the container does not start.
-    fatal: list[str] = field(default_factory=list)
+    #: Includes LXC refuses (a file that does not exist, a directory it must read as a
+    #: file): the config does not load, so the container does not start.
+    fatal: list[Refused] = field(default_factory=list)
 
 
 def _rules(key_suffix: str, *values: str) -> list[tuple[str, str]]:
@@ -523,53 +541,110 @@ def config_entries(text: str, path: str) -> list[Entry]:
     """Return the ``lxc.*`` settings of a plain LXC config file's text, in order.
 
     LXC applies only keys that start with ``lxc.`` ("martian option", confile.c
-    ``parse_line``); a value may be quoted.
+    ``parse_line``); a value may be quoted. LXC ends a line at ``\r`` as well as at
+    ``\n`` (parse.c ``lxc_file_for_each_line_mmap`` splits on "\r\n\0"): a line
+    that holds a carriage return is read as the lines it separates, all under the
+    editor's line number (a fix, which matches whole lines, leaves such a line alone).
     """
-    return [
-        Entry(line.key, line.value or "", path, line, f"{path}:{line.number}")
-        for line in parse_main_section(text, "lxc").lines
-        if line.key is not None and line.key.startswith("lxc.")
-    ]
+    entries: list[Entry] = []
+    for line in parse_main_section(text, "lxc").lines:
+        pieces = line.text.split("\r") if "\r" in line.text.rstrip("\r") else None
+        if pieces is None:
+            if line.key is not None and line.key.startswith("lxc."):
+                entries.append(Entry(line.key, line.value or "", path, line,
+                                     f"{path}:{line.number}"))
+            continue
+        for piece in pieces[:MAX_PIECES]:
+            parsed = _parse(piece, "lxc")
+            if parsed is not None and parsed[0].startswith("lxc."):
+                part = ConfigLine(line.number, piece, parsed[0], parsed[1], parsed[2])
+                entries.append(Entry(parsed[0], parsed[1], path, part,
+                                     f"{path}:{line.number}"))
+    return entries
+
+
+def _split_value(entry: Entry) -> list[Entry]:
+    """Return an entry whose value holds ``\r`` as the lines LXC reads from it.
+
+    Proxmox splits its file on ``\n`` only and writes each ``lxc.*`` value into the
+    config LXC starts from (PVE::LXC ``update_lxc_config``: ``"$k = $v\n"``), where
+    LXC splits it again at every ``\r``.
+    """
+    first, *rest = entry.value.split("\r")[:MAX_PIECES]
+    out = [entry._replace(value=first.strip())]
+    for piece in rest:
+        parsed = _parse(piece, "lxc")
+        if parsed is not None and parsed[0].startswith("lxc."):
+            out.append(Entry(parsed[0], parsed[1], entry.path, None, entry.origin))
+    return out
 
 
 class _Reader:
-    """Follows lxc.include as confile.c does, bounded, through the Host seam."""
+    """Follows lxc.include as confile.c does, bounded, through the Host seam.
 
-    def __init__(self, host: Host, proxmox: bool, loaded: Loaded) -> None:
+    confile.c ``set_config_includefiles``: a value ending in ``/`` or naming a
+    directory (``stat``, links followed) reads every ``*.conf`` in it
+    (``do_includedir``: names of six bytes or more ending ``.conf``, hidden ones too,
+    no recursion into subdirectories); anything else is read as one file
+    (``lxc_config_read``), whose own ``lxc.include`` lines are followed the same way.
+    LXC itself bounds neither depth nor count (a loop recurses until it fails); a path
+    is opened as given, so a relative one is taken from LXC's working directory.
+    """
+
+    def __init__(self, host: Host, proxmox: bool, loaded: Loaded, cwd: str | None) -> None:
         self.host = host
         self.proxmox = proxmox
         self.loaded = loaded
+        self.cwd = cwd
         self.files = 0
 
     def expand(self, entries: list[Entry], depth: int, stack: tuple[str, ...]) -> list[Entry]:
         out: list[Entry] = []
-        for entry in entries:
-            if entry.key != "lxc.include":
-                out.append(entry)
-            elif entry.value:
-                # An empty value only clears the list lxc-info shows: nothing is read.
-                out.extend(self.include(entry.value, entry.origin, depth, stack))
+        for item in entries:
+            for entry in _split_value(item) if "\r" in item.value else (item,):
+                if entry.key != "lxc.include":
+                    out.append(entry)
+                elif entry.value:
+                    # An empty value only clears the list lxc-info shows: nothing is read.
+                    out.extend(self.include(entry.value, entry.origin, depth, stack))
         return out
 
     def include(self, value: str, origin: str, depth: int,
                 stack: tuple[str, ...]) -> list[Entry]:
         where = f"{value!r} ({origin})" if origin else repr(value)
         if not value.startswith("/"):
-            self.loaded.unknown.append(f"{where}: a relative path, resolved from wherever "
-                                       "LXC was started")
-            return []
+            if self.cwd is None:
+                self.loaded.unknown.append(f"{where}: a relative path, resolved from wherever "
+                                           "LXC was started")
+                return []
+            value = posixpath.join(self.cwd, value)
         path = posixpath.normpath(value)
-        if depth >= MAX_INCLUDE_DEPTH or path in stack:
+        if depth >= MAX_INCLUDE_DEPTH:
             self.loaded.unknown.append(f"{where}: includes nest more than "
                                        f"{MAX_INCLUDE_DEPTH} deep or loop")
             return []
-        # confile.c set_config_includefiles: a trailing slash or a directory reads every
-        # *.conf in it (do_includedir); anything else is read as one file.
-        directory = value.endswith("/") or (
-            readable_include(path + "/x.conf") and self.host.is_dir(path))
-        if directory:
+        # A trailing slash asks for a directory whatever the path is (opendir); a path
+        # that stat finds to be a directory is read as one too.
+        if value.endswith("/") or (
+                (readable_include(path) or readable_include(path + "/x.conf"))
+                and self.host.is_dir(path)):
             return self.include_dir(path, where, depth, stack)
         return self.include_file(path, where, depth, stack)
+
+    def reached(self, path: str, where: str, wanted: str) -> str | None:
+        """Return the path ``path`` reaches, links followed, or None (noted) when that is
+        outside the paths this audit reads: a link is followed as LXC follows it, but only
+        to where a capture of the declared reads holds the same file."""
+        try:
+            real = self.host.resolve(path)
+        except OSError as exc:
+            self.loaded.unknown.append(f"{where}: {path} cannot be resolved ({exc})")
+            return None
+        if real != path and not readable_include(real + wanted):
+            self.loaded.unknown.append(f"{where}: {path} is a link to {real}, which is not "
+                                       "among the paths this audit reads")
+            return None
+        return real
 
     def assumed(self, path: str, depth: int, stack: tuple[str, ...]) -> list[Entry] | None:
         settings = _shipped(path, self.proxmox)
@@ -585,34 +660,69 @@ class _Reader:
         if not readable_include(path + "/x.conf"):
             self.loaded.unknown.append(f"{where}: not among the paths this audit reads")
             return []
-        if not self.host.is_dir(path):
+        if self.reached(path, where, "/x.conf") is None:
+            return []
+        entry = self.host.stat(path)
+        if entry is None:
             # A missing directory is skipped (do_includedir returns 0 on ENOENT).
             return self.assumed(path, depth, stack) or []
+        if entry.kind != "dir":
+            # opendir fails with ENOTDIR, and the config with it.
+            self.loaded.fatal.append(Refused(path, f"is a {_kind(entry.kind)}, not a "
+                                                   "directory (it ends in '/')"))
+            return []
         # do_includedir reads entries in readdir order, which the file system decides;
         # sorted is the order of every common file system for a handful of files.
         names = [n for n in listdir(self.host, path) if len(n) >= 6 and n.endswith(".conf")]
         out: list[Entry] = []
-        for name in names[:MAX_INCLUDED_FILES]:
-            out.extend(self.include_file(posixpath.join(path, name), where, depth, stack))
+        for name in names:
+            if self.files >= MAX_INCLUDED_FILES:
+                self.loaded.unknown.append(f"{where}: {path} holds more included files than "
+                                           f"this audit follows ({MAX_INCLUDED_FILES})")
+                break
+            out.extend(self.include_file(posixpath.join(path, name), where, depth, stack,
+                                         in_dir=True))
+            if self.loaded.fatal:
+                break
         return out
 
-    def include_file(self, path: str, where: str, depth: int,
-                     stack: tuple[str, ...]) -> list[Entry]:
+    def include_file(self, path: str, where: str, depth: int, stack: tuple[str, ...], *,
+                     in_dir: bool = False) -> list[Entry]:
         if not readable_include(path):
             self.loaded.unknown.append(f"{where}: {path} is not among the paths this audit "
                                        "reads")
+            return []
+        # Loops are told by the file a path reaches, links followed (never out of the
+        # host's root: the seam clamps them there).
+        real = self.reached(path, where, "")
+        if real is None:
+            return []
+        if real in stack:
+            # LXC has no condition to stop on: it opens the file again and again until it
+            # runs out of file descriptors, and the config fails to load.
+            self.loaded.fatal.append(Refused(path, "is included again by a file it "
+                                                   "includes (a loop LXC follows until it "
+                                                   "fails)"))
             return []
         entry = self.host.stat(path)
         if entry is None:
             assumed = self.assumed(path, depth, stack)
             if assumed is not None:
                 return assumed
-            # lxc_config_read fails on a missing file, and with it the whole config.
-            self.loaded.fatal.append(path)
+            # lxc_config_read fails on a missing file (a dangling link too), and with it
+            # the whole config.
+            self.loaded.fatal.append(Refused(path))
+            return []
+        if entry.kind == "dir":
+            # A directory reached as a file (a '*.conf' directory inside an included one):
+            # lxc_config_read's read() fails with EISDIR, and the config with it.
+            self.loaded.fatal.append(Refused(path, "is a directory, which LXC reads as a "
+                                                   "file" + (" (its name ends in .conf)"
+                                                             if in_dir else "")))
             return []
         if entry.kind != "file" or self.files >= MAX_INCLUDED_FILES:
             why = ("more included files than this audit follows" if entry.kind == "file"
-                   else f"a {entry.kind}, not a file")
+                   else f"a {_kind(entry.kind)}, not a file")
             self.loaded.unknown.append(f"{where}: {path} is {why}")
             return []
         try:
@@ -626,17 +736,25 @@ class _Reader:
             return []
         self.files += 1
         self.loaded.included.append(path)
-        return self.expand(config_entries(text, path), depth + 1, (*stack, path))
+        return self.expand(config_entries(text, path), depth + 1, (*stack, real))
 
 
-def load_entries(host: Host, entries: list[Entry], *, proxmox: bool) -> Loaded:
+def _kind(kind: str) -> str:
+    return {"chr": "character device", "blk": "block device", "dir": "directory",
+            "link": "symbolic link", "other": "FIFO or socket"}.get(kind, kind)
+
+
+def load_entries(host: Host, entries: list[Entry], *, proxmox: bool,
+                 cwd: str | None = None) -> Loaded:
     """Return ``entries`` with every lxc.include replaced by the settings it reads.
 
     ``proxmox``: the host runs Proxmox VE, whose userns.conf.d makes unprivileged
     containers a deny-list; it is assumed where that directory is not in the tree.
+    ``cwd``: the directory LXC starts in, where it is known (a relative include is
+    opened from there); None leaves relative includes unread.
     """
     loaded = Loaded()
-    loaded.entries = _Reader(host, proxmox, loaded).expand(entries, 0, ())
+    loaded.entries = _Reader(host, proxmox, loaded, cwd).expand(entries, 0, ())
     return loaded
 
 

@@ -26,10 +26,10 @@ from tests.support.hostgen.platforms import EpycSpec, GraceSpec, build_epyc, bui
 HOSTS: dict[str, Callable[[], Tree]] = {
     "pve9-all-broken": lambda: build_pve9(PveSpec(
         stale_bind=True, stale_include=True, hook_allowlist=True, stale_running=True,
-        stale_amd=True)),
+        stale_amd=True, stale_nested=True, broken_after_start=True)),
     "pve9": lambda: build_pve9(PveSpec()),
     "lxc-incus-broken": lambda: build_lxc_host(LxcSpec(
-        stale_plain=True, stale_hook=True, stale_incus=True)),
+        stale_plain=True, stale_hook=True, stale_incus=True, escaping_include=True)),
     "kvm-guest": lambda: build_kvm_guest(KvmGuestSpec(numa_balancing=True)),
     "container-audit": lambda: build_container_audit(ContainerAuditSpec(
         host_powersave=True, host_cc6=True, host_numa=True)),

@@ -195,7 +195,9 @@ def test_config_entries_keep_only_lxc_keys_and_unquote() -> None:
     ("/etc/lxc/gpu.conf", True),
     ("/etc/lxc/profiles/gpu.conf", True),
     ("/var/lib/lxc/gpu1/gpu.conf", True),
-    ("/etc/lxc/a/b/c.conf", False),
+    ("/etc/lxc/a/b/c.conf", True),
+    ("/var/lib/lxc/gpu1/conf.d/10-gpu.conf", True),
+    ("/etc/lxc/a/b/c/d.conf", False),
     ("/root/gpu.conf", False),
     ("/etc/shadow", False),
 ])
@@ -242,3 +244,23 @@ def test_proxmox_start_order() -> None:
         ("lxc.cgroup2.devices.allow", "c 234:0 rw"),
         ("lxc.cgroup2.devices.deny", "a"),
     ]
+
+
+def test_config_entries_end_a_line_at_a_carriage_return_as_lxc_does() -> None:
+    from auditor.checks.lib.lxc_config import config_entries
+
+    # parse.c splits on "\r\n\0": what follows a bare CR is a line of its own, even
+    # after a comment, and keeps the editor's line number.
+    text = ("# GPU rules\rlxc.cgroup2.devices.allow = c 238:* rwm\n"
+            "lxc.uts.name = gpu1\r\n"
+            "lxc.arch = linux64\rlxc.include = /etc/lxc/gpu.conf\n")
+    entries = config_entries(text, "/var/lib/lxc/gpu1/config")
+    assert [(e.key, e.value, e.origin) for e in entries] == [
+        ("lxc.cgroup2.devices.allow", "c 238:* rwm", "/var/lib/lxc/gpu1/config:1"),
+        ("lxc.uts.name", "gpu1", "/var/lib/lxc/gpu1/config:2"),
+        ("lxc.arch", "linux64", "/var/lib/lxc/gpu1/config:3"),
+        ("lxc.include", "/etc/lxc/gpu.conf", "/var/lib/lxc/gpu1/config:3"),
+    ]
+    # A piece is not the line as written: a fix matching whole lines leaves it alone.
+    assert entries[0].line is not None
+    assert entries[0].line.text == "lxc.cgroup2.devices.allow = c 238:* rwm"

@@ -680,16 +680,124 @@ def test_included_directory_reads_its_conf_files_in_order(h200: Sysroot) -> None
         "/etc/lxc/gpu.d/10-rules.conf /etc/lxc/gpu.d/20-mounts.conf")
 
 
-def test_include_loop_and_depth_are_bounded(h200: Sysroot) -> None:
+def test_include_loop_means_the_container_does_not_start(h200: Sysroot) -> None:
+    # LXC has no bound: it reads a.conf, b.conf, a.conf ... until it runs out of file
+    # descriptors and the config fails to load.
     h200.write("/etc/lxc/a.conf", "lxc.include = /etc/lxc/b.conf\n")
     h200.write("/etc/lxc/b.conf", "lxc.include = /etc/lxc/a.conf\n"
                "lxc.cgroup2.devices.allow = c 195:* rwm\n")
     h200.write("/etc/pve/lxc/101.conf", PVE_HEAD + "lxc.include: /etc/lxc/a.conf\n"
                + GPU_MOUNTS)
     [finding] = evaluate(h200)
-    # nvidia-uvm is not allowed, and a loop leaves what LXC would do unknown: no verdict.
+    assert finding.status is Status.WARN
+    assert "a loop LXC follows until it fails" in finding.message
+    assert "does not start" in finding.message
+    assert evidence(finding)["include"] == "/etc/lxc/a.conf"
+    # The same loop through a link (c.conf -> a.conf) is the same file.
+    h200.write("/etc/lxc/b.conf", "lxc.include = /etc/lxc/c.conf\n")
+    h200.symlink("/etc/lxc/c.conf", "a.conf")
+    [finding] = evaluate(h200)
+    assert finding.status is Status.WARN
+    assert evidence(finding)["include"] == "/etc/lxc/c.conf"
+
+
+def test_includes_deeper_than_the_bound_leave_the_verdict_open(h200: Sysroot) -> None:
+    for level in range(10):
+        h200.write(f"/etc/lxc/n{level}.conf", f"lxc.include = /etc/lxc/n{level + 1}.conf\n")
+    h200.write("/etc/lxc/n10.conf", f"lxc.cgroup2.devices.allow = c {UVM_NOW}:* rwm\n")
+    h200.write("/etc/pve/lxc/101.conf", PVE_HEAD + "lxc.cgroup2.devices.allow: c 195:* rwm\n"
+               "lxc.include: /etc/lxc/n0.conf\n" + GPU_MOUNTS)
+    [finding] = evaluate(h200)
     assert finding.status is Status.SKIP
-    assert "loop" in finding.message
+    assert "includes nest more than 8 deep" in finding.message
+
+
+def test_nested_directories_are_read_as_lxc_reads_them(h200: Sysroot) -> None:
+    # A directory (no trailing slash: stat says so) included from a file in an included
+    # directory; only names ending in .conf, hidden ones too, no subdirectory walked.
+    h200.write("/etc/lxc/gpu.d/10-base.conf", "lxc.cgroup2.devices.allow = c 195:* rwm\n"
+               "lxc.include = /etc/lxc/profiles/uvm.d\n")
+    h200.write("/etc/lxc/gpu.d/10-base.conf.bak", "lxc.cgroup2.devices.deny = a\n")
+    h200.write("/etc/lxc/gpu.d/README", "lxc.cgroup2.devices.deny = a\n")
+    h200.write("/etc/lxc/profiles/uvm.d/.20-uvm.conf",
+               f"lxc.cgroup2.devices.allow = c {UVM_NOW}:* rwm\n")
+    h200.write("/etc/lxc/profiles/uvm.d/sub/30-deny.conf", "lxc.cgroup2.devices.deny = a\n")
+    h200.write("/etc/pve/lxc/101.conf", PVE_HEAD + "lxc.include: /etc/lxc/gpu.d/\n"
+               + GPU_MOUNTS)
+    [finding] = evaluate(h200)
+    assert finding.status is Status.PASS, finding.message
+    assert evidence(finding)["includes"] == (
+        "/etc/lxc/gpu.d/10-base.conf /etc/lxc/profiles/uvm.d/.20-uvm.conf")
+    # The hidden file holds the only uvm rule: without it nvidia-uvm is refused.
+    h200.remove("/etc/lxc/profiles/uvm.d/.20-uvm.conf")
+    assert {f.status for f in evaluate(h200)} == {Status.FAIL}
+
+
+def test_relative_include_is_opened_from_where_lxc_starts(h200: Sysroot) -> None:
+    # pct start runs lxc-start from a systemd unit, in /; plain LXC may be started anywhere.
+    h200.write("/etc/lxc/gpu.conf", "lxc.cgroup2.devices.allow = c 195:* rwm\n"
+               f"lxc.cgroup2.devices.allow = c {UVM_NOW}:* rwm\n")
+    h200.write("/etc/pve/lxc/101.conf", PVE_HEAD + "lxc.include: etc/lxc/gpu.conf\n"
+               + GPU_MOUNTS)
+    [finding] = evaluate(h200)
+    assert finding.status is Status.PASS
+    assert evidence(finding)["includes"] == "/etc/lxc/gpu.conf"
+    h200.remove("/etc/pve/lxc/101.conf")
+    h200.write("/var/lib/lxc/gpu1/config", "lxc.include = /usr/share/lxc/config/common.conf\n"
+               "lxc.include = etc/lxc/gpu.conf\n" + GPU_MOUNTS.replace(": ", " = "))
+    [finding] = evaluate(h200)
+    assert finding.status is Status.SKIP
+    assert "a relative path, resolved from wherever LXC was started" in finding.message
+
+
+def test_include_lxc_cannot_read_as_it_is_named_stops_the_start(h200: Sysroot) -> None:
+    h200.write("/etc/lxc/gpu.conf", f"lxc.cgroup2.devices.allow = c {UVM_NOW}:* rwm\n")
+    # A file named with a trailing slash: opendir fails with ENOTDIR.
+    h200.write("/etc/pve/lxc/101.conf", pve_config(UVM_NOW) + "lxc.include: /etc/lxc/gpu.conf/\n")
+    [finding] = evaluate(h200)
+    assert finding.status is Status.WARN
+    assert "/etc/lxc/gpu.conf is a file, not a directory" in finding.message
+    # A directory named *.conf inside an included directory: read() fails with EISDIR.
+    h200.path("/etc/lxc/gpu.d/20-old.conf").mkdir(parents=True)
+    h200.write("/etc/pve/lxc/101.conf", pve_config(UVM_NOW) + "lxc.include: /etc/lxc/gpu.d\n")
+    [finding] = evaluate(h200)
+    assert finding.status is Status.WARN
+    assert evidence(finding)["include"] == "/etc/lxc/gpu.d/20-old.conf"
+    assert "is a directory, which LXC reads as a file" in finding.message
+
+
+def test_a_directory_of_more_files_than_the_bound_is_not_cut_silently(h200: Sysroot) -> None:
+    for n in range(70):
+        h200.write(f"/etc/lxc/many.d/{n:02d}.conf", "lxc.tty.max = 2\n")
+    h200.write("/etc/lxc/many.d/99.conf", f"lxc.cgroup2.devices.allow = c {UVM_NOW}:* rwm\n")
+    h200.write("/etc/pve/lxc/101.conf", PVE_HEAD + "lxc.cgroup2.devices.allow: c 195:* rwm\n"
+               "lxc.include: /etc/lxc/many.d/\n" + GPU_MOUNTS)
+    [finding] = evaluate(h200)
+    assert finding.status is Status.SKIP
+    assert "holds more included files than this audit follows (64)" in finding.message
+
+
+def test_links_are_followed_only_inside_the_paths_read(h200: Sysroot, tmp_path: Path) -> None:
+    rules = ("lxc.cgroup2.devices.allow = c 195:* rwm\n"
+             f"lxc.cgroup2.devices.allow = c {UVM_NOW}:* rwm\n")
+    h200.write("/etc/lxc/profiles/gpu.conf", rules)
+    h200.symlink("/etc/lxc/gpu.conf", "profiles/gpu.conf")
+    h200.write("/etc/pve/lxc/101.conf", PVE_HEAD + "lxc.include: /etc/lxc/gpu.conf\n"
+               + GPU_MOUNTS)
+    [finding] = evaluate(h200)
+    assert finding.status is Status.PASS
+    # A link climbing out of the tree stays in it (the seam clamps it at the root), and a
+    # target outside the paths read is not followed: the file beside the tree is never read.
+    outside = h200.root.parent / "srv" / "gpu.conf"
+    outside.parent.mkdir(parents=True, exist_ok=True)
+    outside.write_text(rules)
+    depth = "../" * (len(h200.root.parts) + 2)
+    h200.remove("/etc/lxc/gpu.conf")
+    h200.symlink("/etc/lxc/gpu.conf", f"{depth}{outside.relative_to('/')}")
+    [finding] = evaluate(h200)
+    assert finding.status is Status.SKIP
+    assert f"is a link to /{outside.relative_to('/')}, which is not among the paths" in (
+        finding.message)
 
 
 def test_include_outside_the_read_paths_leaves_the_verdict_open(h200: Sysroot) -> None:
@@ -790,11 +898,68 @@ def test_proxmox_container_running_with_its_last_starts_rules(h200: Sysroot) -> 
     findings = evaluate(h200)
     assert [f.status for f in findings] == [Status.FAIL, Status.FAIL]
     assert all("stays broken until restarted (pct reboot 101)" in f.message for f in findings)
+    assert all(f"it still has the old rule 'lxc.cgroup2.devices.allow = c {STALE}:* rwm' "
+               "(/var/lib/lxc/101/config:6)" in f.message for f in findings)
+    assert all("the config on disk needs no change" in f.message for f in findings)
     assert {dict(f.evidence)["view"] for f in findings} == {"running"}
     plan = plan_for(h200, report_of(findings))
     [section, _] = [s for s in plan.sections if s.remedy.check == "lxc.device_majors"]
     assert not section.actions
     assert section.remedy.advice[0].argv == ("pct", "reboot", "101")
+
+
+def test_running_container_whose_started_config_is_unseen_is_not_judged_running(
+        h200: Sysroot) -> None:
+    # Proxmox: the config pct start writes is missing.
+    h200.write("/etc/pve/lxc/101.conf", pve_config(UVM_NOW))
+    h200.write("/sys/fs/cgroup/lxc/101/cgroup.type", "domain\n")
+    config, running = evaluate(h200)
+    assert (config.status, config.aspect) == (Status.PASS, "")
+    assert (running.status, running.aspect) == (Status.SKIP, "running")
+    assert "what it was started with is unknown: /var/lib/lxc/101/config, which pct start " \
+           "writes, is missing" in running.message
+    # Plain LXC on cgroup2: no file shows it; lxc-info asks the running monitor.
+    h200.remove("/etc/pve/lxc/101.conf")
+    h200.write("/var/lib/lxc/gpu1/config", plain_config(UVM_NOW).replace("lxc.cgroup.",
+                                                                         "lxc.cgroup2."))
+    h200.write("/sys/fs/cgroup/lxc.payload.gpu1/cgroup.type", "domain\n")
+    config, running = evaluate(h200)
+    assert config.status is Status.PASS and "runs with" not in config.message
+    assert (running.status, running.aspect) == (Status.SKIP, "running")
+    assert "'lxc-info -n gpu1 -c lxc.cgroup2.devices.allow' shows its rules" in running.message
+    # A failing config says the running state is unknown rather than guessing it.
+    h200.write("/var/lib/lxc/gpu1/config", plain_config(STALE).replace("lxc.cgroup.",
+                                                                       "lxc.cgroup2."))
+    findings = evaluate(h200)
+    assert [f.status for f in findings] == [Status.FAIL, Status.FAIL]
+    assert all("what it was started with is unknown" in f.message for f in findings)
+
+
+def test_config_broken_after_the_start_runs_until_the_next_start(h200: Sysroot,
+                                                                  tmp_path: Path) -> None:
+    from tests.support.fixkit import fix_cycle
+
+    h200.write("/etc/pve/lxc/101.conf", pve_config(STALE))
+    h200.write("/var/lib/lxc/101/config", plain_config(UVM_NOW).replace("lxc.cgroup.",
+                                                                        "lxc.cgroup2."))
+    h200.write("/sys/fs/cgroup/lxc/101/cgroup.type", "domain\n")
+    findings = evaluate(h200)
+    assert [f.status for f in findings] == [Status.FAIL, Status.FAIL]
+    assert all("which still allow it: it breaks at its next start" in f.message
+               for f in findings)
+    assert {evidence(f)["running_allows"] for f in findings} == {"yes"}
+    plan, _, _, copy, _ = fix_cycle(h200, tmp_path)
+    [section, _] = [s for s in plan.sections if s.remedy.check == "lxc.device_majors"]
+    assert f"lxc.cgroup2.devices.allow: c {UVM_NOW}:* rwm" in (
+        copy / "etc/pve/lxc/101.conf").read_text()
+    assert "no restart is needed" in section.remedy.advice[0].text
+    assert not section.remedy.advice[0].argv
+    # Broken on disk and in its start alike: fix the file, then restart.
+    h200.write("/var/lib/lxc/101/config", plain_config(STALE).replace("lxc.cgroup.",
+                                                                      "lxc.cgroup2."))
+    findings = evaluate(h200)
+    assert all("which do not allow it either" in f.message and "pct reboot 101" in f.message
+               for f in findings)
 
 
 def test_plain_container_on_cgroup_v1_is_judged_by_its_devices_list(h200: Sysroot) -> None:
@@ -891,3 +1056,45 @@ def test_missing_include_and_privileged_hook_get_advice(h200: Sysroot) -> None:
     assert titles == ["lxc.include /etc/lxc/gone.conf does not exist",
                       "the nvidia hook needs an unprivileged container"]
     assert not plan.actions
+
+
+# -- the generated hosts -----------------------------------------------------------------------
+
+
+def test_generated_pve9_reads_its_nested_includes(tmp_path: Path) -> None:
+    from tests.support.hostgen.containers import PveSpec, build_pve9
+
+    root = build_pve9(PveSpec()).write_dir(tmp_path / "pve9")
+    by_id = {f.subject: f for f in evaluate(DirectoryHost(str(root)))}
+    assert by_id["207"].status is Status.PASS
+    # Relative, then a directory, a directory in it, and a link: README and .bak unread.
+    assert evidence(by_id["207"])["includes"].endswith(
+        " /etc/lxc/gpu.d/10-nvidia.conf /etc/lxc/profiles/uvm.d/20-uvm.conf "
+        "/etc/lxc/gpu.d/30-mounts.conf")
+    assert "5 bind-mounted GPU nodes" in by_id["207"].message
+    root = build_pve9(PveSpec(stale_nested=True)).write_dir(tmp_path / "nested")
+    failed = [f for f in evaluate(DirectoryHost(str(root))) if f.status is Status.FAIL]
+    assert {(f.subject, evidence(f)["rule_path"]) for f in failed} == {
+        ("207", "/etc/lxc/profiles/uvm.d/20-uvm.conf")}
+
+
+def test_generated_link_out_of_the_root_is_never_read(tmp_path: Path) -> None:
+    from tests.support.hostgen.containers import LxcSpec, build_lxc_host
+    from tests.support.recording import RecordingHost
+
+    root = build_lxc_host(LxcSpec(escaping_include=True, stale_plain=True)).write_dir(
+        tmp_path / "lxc")
+    host = RecordingHost(str(root))
+    by_id = {(f.subject, f.aspect): f for f in LxcDeviceMajors().evaluate(host)}
+    gpu1 = by_id[("gpu1", "")]
+    assert gpu1.status is Status.SKIP
+    assert "/etc/lxc/shared/gpu.conf is a link to /srv/lxc/gpu.conf" in gpu1.message
+    assert not any(p.startswith("/srv") for p in host.asked)
+    # Without the link gpu1 fails on its stale rule; it runs, and no file shows its start.
+    root = build_lxc_host(LxcSpec(stale_plain=True)).write_dir(tmp_path / "plain")
+    statuses = {(f.subject, f.aspect): f.status for f in evaluate(DirectoryHost(str(root)))}
+    assert statuses[("gpu1", "")] is Status.FAIL
+    root = build_lxc_host(LxcSpec()).write_dir(tmp_path / "fine")
+    statuses = {(f.subject, f.aspect): f.status for f in evaluate(DirectoryHost(str(root)))}
+    assert (statuses[("gpu1", "")], statuses[("gpu1", "running")]) == (Status.PASS,
+                                                                        Status.SKIP)

@@ -1,4 +1,4 @@
-"""lxc.device_majors: the real capture, a Proxmox VE 9 node with six GPU container layouts,
+"""lxc.device_majors: the real capture, a Proxmox VE 9 node with seven GPU container layouts,
 plain LXC and Incus, and an audit run inside a container."""
 
 from auditor.model import Status
@@ -30,8 +30,8 @@ CASES = [
     Case("Proxmox container allows the old nvidia-uvm major", Status.FAIL, plant_lxc,
          fixed=True),
     Case("Proxmox container allows the current major", Status.PASS, current),
-    Case("PVE 9: six GPU containers (devN, binds, an included profile, the nvidia hook, "
-         "running, AMD) that all work", Status.PASS, base=pve()),
+    Case("PVE 9: seven GPU containers (devN, binds, an included profile, the nvidia hook, "
+         "running, AMD, nested include directories) that all work", Status.PASS, base=pve()),
     Case("PVE 9: bind mounts whose cgroup2 rule names the old nvidia-uvm major", Status.FAIL,
          base=pve(stale_bind=True), fixed=True),
     Case("PVE 9: the included GPU profile names the old major", Status.FAIL,
@@ -42,6 +42,12 @@ CASES = [
          Status.FAIL, base=pve(stale_running=True)),
     Case("PVE 9: AMD container allows the old kfd major", Status.FAIL,
          base=pve(stale_amd=True), fixed=True),
+    Case("PVE 9: a directory included from an included directory names the old major",
+         Status.FAIL, base=pve(stale_nested=True), fixed=True),
+    Case("PVE 9: nested includes that loop: LXC refuses the config", Status.WARN,
+         base=pve(include_loop=True)),
+    Case("PVE 9: config edited to the old major after the start: it runs, and breaks at the "
+         "next start", Status.FAIL, base=pve(broken_after_start=True), fixed=True),
     Case("plain LXC and Incus containers that all work", Status.PASS, base=lxc()),
     Case("plain LXC: a running container allows the old major", Status.FAIL,
          base=lxc(stale_plain=True), fixed=True),
@@ -49,6 +55,9 @@ CASES = [
          base=lxc(stale_hook=True), fixed=True),
     Case("Incus: a running instance started when nvidia-uvm had another major", Status.FAIL,
          base=lxc(stale_incus=True)),
+    Case("plain LXC: a stale profile reached through a link out of the host's root is never "
+         "read (that container is skipped, the rest pass)", Status.PASS,
+         base=lxc(escaping_include=True, stale_plain=True)),
     Case("audit inside an unprivileged container: the host's containers are not visible",
          Status.SKIP, base=built(lambda: build_container_audit(ContainerAuditSpec()),
                                  "container-audit")),

@@ -1,4 +1,4 @@
-"""Hosts whose GPUs reach containers: a Proxmox VE 9 node with six GPU containers in six
+"""Hosts whose GPUs reach containers: a Proxmox VE 9 node with seven GPU containers in seven
 layouts, and an Ubuntu host with plain LXC containers and Incus instances.
 
 The LXC side follows what LXC and Proxmox really read and write: LXC's shipped
@@ -87,7 +87,7 @@ NVIDIA_NODES = ["/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-u
 
 @dataclass
 class PveSpec:
-    """The Proxmox VE 9 node with six GPU containers; each flag plants one layout's problem."""
+    """The Proxmox VE 9 node with seven GPU containers; each flag plants one layout's problem."""
 
     hostname: str = "pve9-gpu"
     uvm_major: int = 511
@@ -106,10 +106,18 @@ class PveSpec:
     stale_running: bool = False
     #: 206: AMD: allows the old kfd major.
     stale_amd: bool = False
+    #: 207: the nested profile (a directory included from a directory) names the old major.
+    stale_nested: bool = False
+    #: 207: the nested profile includes the directory that includes it: LXC loops until the
+    #: config fails to load.
+    include_loop: bool = False
+    #: 205: its config on disk names the old major, but it was started before that edit,
+    #: with the config of its last start that allows the current one.
+    broken_after_start: bool = False
 
 
 def build_pve9(spec: PveSpec | None = None) -> Tree:
-    """Build a Proxmox VE 9 (Debian 13) node with NVIDIA and AMD GPUs and six GPU containers."""
+    """Build a Proxmox VE 9 (Debian 13) node with NVIDIA and AMD GPUs and seven GPU containers."""
     spec = spec or PveSpec()
     tree = build_host(HostSpec(
         hostname=spec.hostname, cpus=32, nodes=2, gpus=2, nics=1, bad_governor=False,
@@ -176,7 +184,8 @@ def build_pve9(spec: PveSpec | None = None) -> Tree:
     conf(204, hook, unprivileged=True)
     # 205: its config is right, and it runs: with the config of its last start.
     conf(205, ["lxc.cgroup2.devices.allow: c 195:* rwm",
-               f"lxc.cgroup2.devices.allow: c {uvm}:* rwm", *_mounts(NVIDIA_NODES)])
+               f"lxc.cgroup2.devices.allow: c {stale if spec.broken_after_start else uvm}:* rwm",
+               *_mounts(NVIDIA_NODES)])
     started = stale if spec.stale_running else uvm
     tree.put("/var/lib/lxc/205/config", "\n".join([
         "lxc.cgroup.relative = 0", "lxc.cgroup.dir.monitor = lxc.monitor/205",
@@ -196,6 +205,21 @@ def build_pve9(spec: PveSpec | None = None) -> Tree:
                f"lxc.cgroup2.devices.allow: c {kfd}:* rwm",
                "lxc.mount.entry: /dev/kfd dev/kfd none bind,optional,create=file",
                "lxc.mount.entry: /dev/dri dev/dri none bind,optional,create=dir"])
+    # 207: nested includes as LXC reads them: a relative path (pct start runs lxc-start in
+    # /), a directory of *.conf (README and *.conf.bak are not read), a file in it that
+    # includes a second directory named without a trailing slash, and a link to a profile.
+    conf(207, ["lxc.include: etc/lxc/gpu.d/"])
+    tree.put("/etc/lxc/gpu.d/10-nvidia.conf", "lxc.cgroup2.devices.allow = c 195:* rwm\n"
+             "lxc.include = /etc/lxc/profiles/uvm.d\n")
+    tree.put("/etc/lxc/gpu.d/README", "Profiles for the GPU containers.\n")
+    tree.put("/etc/lxc/gpu.d/10-nvidia.conf.bak", "lxc.cgroup2.devices.deny = a\n")
+    tree.links["/etc/lxc/gpu.d/30-mounts.conf"] = "../profiles/mounts.conf"
+    tree.put("/etc/lxc/profiles/mounts.conf", "\n".join(_mounts(NVIDIA_NODES, " = ")) + "\n")
+    tree.put("/etc/lxc/profiles/uvm.d/20-uvm.conf", "\n".join([
+        "# nvidia-uvm and its tools node",
+        f"lxc.cgroup2.devices.allow = c {stale if spec.stale_nested else uvm}:* rwm",
+        *(["lxc.include = /etc/lxc/gpu.d/"] if spec.include_loop else []),
+    ]) + "\n")
     # And one without a GPU.
     conf(102, ["net0: name=eth0,bridge=vmbr0,ip=dhcp,type=veth"], unprivileged=True)
     return tree
@@ -215,6 +239,9 @@ class LxcSpec:
     stale_hook: bool = False
     #: llm (Incus, running) was started when nvidia-uvm had the old major.
     stale_incus: bool = False
+    #: gpu1 takes its rules from a shared profile through a link whose target climbs out of
+    #: the host's root (clamped there, it is /srv/lxc/gpu.conf, not a path the audit reads).
+    escaping_include: bool = False
 
 
 def build_lxc_host(spec: LxcSpec | None = None) -> Tree:
@@ -240,13 +267,18 @@ def build_lxc_host(spec: LxcSpec | None = None) -> Tree:
     tree.put("/proc/1/cgroup", "0::/init.scope\n")
     lxc_shipped(tree, proxmox=False)
     uvm, stale = spec.uvm_major, spec.stale_uvm_major
+    rules = ["lxc.cgroup2.devices.allow = c 195:* rwm",
+             f"lxc.cgroup2.devices.allow = c {stale if spec.stale_plain else uvm}:* rwm"]
+    if spec.escaping_include:
+        tree.put("/srv/lxc/gpu.conf", "\n".join(rules) + "\n")
+        tree.links["/etc/lxc/shared/gpu.conf"] = "../../../../../../../../srv/lxc/gpu.conf"
+        rules = ["lxc.include = /etc/lxc/shared/gpu.conf"]
     tree.put("/var/lib/lxc/gpu1/config", "\n".join([
         f"lxc.include = {LXC_CONFIG}/ubuntu.common.conf",
         "lxc.arch = linux64",
         "lxc.rootfs.path = dir:/var/lib/lxc/gpu1/rootfs",
         "lxc.uts.name = gpu1",
-        "lxc.cgroup2.devices.allow = c 195:* rwm",
-        f"lxc.cgroup2.devices.allow = c {stale if spec.stale_plain else uvm}:* rwm",
+        *rules,
         *_mounts(NVIDIA_NODES, " = "),
     ]) + "\n")
     tree.put("/sys/fs/cgroup/lxc.payload.gpu1/cgroup.type", "domain\n")
