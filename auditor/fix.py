@@ -19,7 +19,6 @@ from typing import Any
 from auditor.check import CheckClass
 from auditor.errors import UsageError
 from auditor.hosts.base import Host
-from auditor.hosts.sysroot_fix import PLAN_FORMAT, machine_id_digest
 from auditor.model import FIXABLE, Finding, Report
 from auditor.parsing import parse_os_release
 from auditor.policy import Policy
@@ -32,6 +31,7 @@ from auditor.remediations.steps import (
     SetPciBits,
     Step,
 )
+from auditor.shipped.sysroot_fix import PLAN_FORMAT, machine_id_digest
 
 
 @dataclass(frozen=True)

@@ -469,8 +469,8 @@ def sysroot_program() -> str:
     import inspect
 
     from auditor import parsing
-    from auditor.hosts import sysroot_fix, treeio
     from auditor.hosts.collect import module_sources
+    from auditor.shipped import sysroot_fix, treeio
 
     shared = "\n\n".join(inspect.getsource(f) for f in (parsing.parse_selector,
                                                         parsing.select_word))
@@ -482,7 +482,7 @@ def render_fix(plan: FixPlan) -> RenderedFix:
     """Render the bash scripts that apply the plan and undo it.
 
     A booted machine's scripts are bash. A sysroot's hand the plan to python3, which opens
-    every path inside the sysroot (:mod:`auditor.hosts.sysroot_fix`): bash cannot.
+    every path inside the sysroot (:mod:`auditor.shipped.sysroot_fix`): bash cannot.
     """
     from auditor.remediations.steps import describe
 

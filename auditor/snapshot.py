@@ -96,9 +96,9 @@ def rebuild(source: Host, patterns: Sequence[str], daemons: frozenset[str],
     (``/host-auditor``: the manifest); nothing of the host's is ever kept there.
     """
     from auditor.hosts.collect import FILE_CAP
-    from auditor.hosts.collector_script import denied
     from auditor.manifest import FOLDER
     from auditor.redact import redact
+    from auditor.shipped.collector_script import denied
 
     kept: dict[str, Entry] = {}
     # Processes: a /proc/PID entry only where PID is a daemon a check looks for.

@@ -27,7 +27,7 @@ class Verbs:
 
     ``fix`` and ``undo`` name the function of the booted machine's bash scripts
     (``templates/fix.sh.j2``, ``templates/rollback.sh.j2``) and the method of the sysroot
-    engine (``auditor/hosts/sysroot_fix.py``, prefixed ``step_``); ``fix_args`` and
+    engine (``auditor/shipped/sysroot_fix.py``, prefixed ``step_``); ``fix_args`` and
     ``undo_args`` the step's fields each bash function takes after the step's id, in order
     (the sysroot engine reads them by name from the plan). A kind without either fails the
     per-check contract, which runs every fixable case through both engines.

@@ -89,7 +89,7 @@ def sysroot_fix_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path
     (A fix of a sysroot keeps it on the side of whoever runs it; as root, without this,
     below /var/lib/host-auditor/sysroots. One test checks that place.)
     """
-    from auditor.hosts.sysroot_fix import STATE_ENV
+    from auditor.shipped.sysroot_fix import STATE_ENV
 
     state = tmp_path_factory.mktemp("sysroot-fix-state")
     os.chmod(state, 0o700)

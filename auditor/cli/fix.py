@@ -161,9 +161,9 @@ def kept_rollback(plan: FixPlan, *, local: bool) -> str:
 
     A booted machine's fix keeps it in ``/var/lib/host-auditor/FIX-ID/``. A sysroot's keeps
     it on the side of whoever ran the fix, never in the sysroot (see
-    :mod:`auditor.hosts.sysroot_fix`); on a remote host, as root (the fix ran under sudo).
+    :mod:`auditor.shipped.sysroot_fix`); on a remote host, as root (the fix ran under sudo).
     """
-    from auditor.hosts import sysroot_fix
+    from auditor.shipped import sysroot_fix
 
     if not plan.sysroot:
         return f"/var/lib/host-auditor/{plan.fix_id}/rollback.sh"

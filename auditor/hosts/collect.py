@@ -3,7 +3,7 @@
 The checks declare every path they read as shell patterns (``Check.reads``).
 The collector fetches exactly the paths those patterns match and writes them
 as a tar sysroot that :class:`auditor.hosts.archive.ArchiveHost` reads the way
-the live host reads (see :mod:`auditor.hosts.collector_script` for what is kept).
+the live host reads (see :mod:`auditor.shipped.collector_script` for what is kept).
 
 The same collector runs three ways:
 
@@ -35,7 +35,7 @@ from typing import BinaryIO
 
 from auditor import environment
 from auditor.errors import CollectError
-from auditor.hosts import collector_script, treeio
+from auditor.shipped import collector_script, treeio
 from auditor.text import printable
 
 FILE_CAP = collector_script.FILE_CAP

@@ -10,7 +10,7 @@ like any other path, on every kind of host:
 - ``/host-auditor/nvidia-smi.status``: how that command ended (``exit 0``, ``exit 9``,
   ``timeout 10``), then the first lines it printed where it failed;
 - ``/host-auditor/nvml.json``: the same state read through NVML (``nvidia-ml-py``) by a child
-  process, normalised (:mod:`auditor.hosts.nvml_child`), or how NVML failed;
+  process, normalised (:mod:`auditor.shipped.nvml_child`), or how NVML failed;
 - ``/host-auditor/kmsg``: the kernel log's NVIDIA lines (``NVRM:``), for the Xid history.
 
 Where they come from:
@@ -22,7 +22,7 @@ Where they come from:
   (NVML blocks on a wedged GPU) or dies (a wrong ctypes call kills an interpreter) becomes a
   status saying so, never a hung audit;
 - over SSH, from the collector itself, in the same single round trip
-  (:mod:`auditor.hosts.collector_script`), with ``nvidia-smi`` only: nothing is installed on
+  (:mod:`auditor.shipped.collector_script`), with ``nvidia-smi`` only: nothing is installed on
   the target;
 - in a capture or a sysroot they are plain files at ``host-auditor/`` in its root, so
   ``audit local --root`` replays the live verdicts; a capture made by hand with only
@@ -138,7 +138,7 @@ def run_nvidia_smi(deadline: float = DEFAULT_DEADLINE) -> dict[str, bytes]:
     The same code the SSH collector runs on a target (``collector_script.run_smi``), with the
     process lists taken out of the XML.
     """
-    from auditor.hosts.collector_script import run_smi
+    from auditor.shipped.collector_script import run_smi
 
     files = run_smi(deadline, MAX_XML)
     if SMI_XML in files:
@@ -159,7 +159,7 @@ def nvml_available() -> bool:
 def run_nvml(deadline: float = DEFAULT_DEADLINE) -> dict[str, bytes]:
     """Read the GPU state through NVML in a child process; return the virtual files.
 
-    The child prints one JSON document (:mod:`auditor.hosts.nvml_child`). A child that does
+    The child prints one JSON document (:mod:`auditor.shipped.nvml_child`). A child that does
     not answer within ``deadline`` is killed and the state says so; one that dies (a
     signal, a crash inside the library) likewise.
     """
@@ -167,9 +167,10 @@ def run_nvml(deadline: float = DEFAULT_DEADLINE) -> dict[str, bytes]:
     import sys
 
 
-    # Run by its path, not as ``-m auditor.hosts.nvml_child``: importing the package first
+    # Run by its path, not as ``-m auditor.shipped.nvml_child``: importing the package first
     # (auditor.hosts and its backends) cost 30-60 ms of the child's start for nothing.
-    child = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nvml_child.py")
+    child = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "shipped",
+                         "nvml_child.py")
     result = run_bounded([sys.executable, child], deadline, MAX_XML)
     if result.timed_out:
         document: dict[str, object] = {"source": "nvml", "error": {
@@ -258,7 +259,7 @@ class LocalGpuState:
         """Return the kernel log's NVIDIA lines (read on the first call), None if unreadable."""
         with self._lock:
             if not self._kmsg_read:
-                from auditor.hosts.collector_script import read_kmsg
+                from auditor.shipped.collector_script import read_kmsg
 
                 self._kmsg = read_kmsg()
                 self._kmsg_read = True

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from auditor.errors import SnapshotError
 from auditor.hosts.base import Entry, Host, HostKind, ScriptResult, clean_host_name
-from auditor.hosts.treeio import Tree, read_fd
+from auditor.shipped.treeio import Tree, read_fd
 
 if TYPE_CHECKING:
     from auditor.hosts.gpustate import LocalGpuState
@@ -165,7 +165,7 @@ class DirectoryHost(Host):
     """A sysroot unpacked in a directory: the host's files at their paths below ``root``.
 
     The tree may belong to someone else and change while it is read: every path is
-    opened inside it through :class:`auditor.hosts.treeio.Tree` (never outside, symlinks
+    opened inside it through :class:`auditor.shipped.treeio.Tree` (never outside, symlinks
     followed as in a chroot, only regular files read).
     """
 

@@ -36,8 +36,8 @@ from auditor.errors import (
 from auditor.hosts.archive import ArchiveHost
 from auditor.hosts.base import Entry, Host, HostKind, ScriptResult, clean_host_name, printable
 from auditor.hosts.collect import Collection, parse_output, remote_command
-from auditor.hosts.collector_script import denied
 from auditor.hosts.known_hosts import KnownHosts, to_pkey
+from auditor.shipped.collector_script import denied
 
 if TYPE_CHECKING:
     import fabric

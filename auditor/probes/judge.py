@@ -1,6 +1,6 @@
 """Judge what the probe program measured: findings, like any check's.
 
-The program (:mod:`auditor.probes.agent`) only measures; what follows turns its answer
+The program (:mod:`auditor.shipped.probe_agent`) only measures; what follows turns its answer
 into findings of ``probe.h2d``, ``probe.d2h``, ``probe.p2p``, ``probe.wakeup`` and
 ``probe.numa``, so a probe's verdict travels through every format (JSON, Prometheus,
 line, NFD, HTML) as a check's does. Every figure a verdict rests on is kept in the

@@ -1,6 +1,6 @@
 """Run the probe program here or over SSH, and make a report of what it measured.
 
-Each probe is one run of the program (:mod:`auditor.probes.agent`), which measures in a
+Each probe is one run of the program (:mod:`auditor.shipped.probe_agent`), which measures in a
 child of its own with the probe's deadline. Here the program runs with this Python in a
 session of its own, and is killed as a group a few seconds past the deadline should it
 not answer (a child stuck in the kernel). Over SSH its text goes to the target's
@@ -25,9 +25,10 @@ from typing import Any, Protocol
 from auditor import __version__
 from auditor.errors import UsageError
 from auditor.model import CheckResult, Finding, Report
-from auditor.probes import agent, judge
+from auditor.probes import judge
+from auditor.shipped import probe_agent as agent
 
-AGENT_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent.py")
+AGENT_PATH = os.path.abspath(agent.__file__)
 #: What the program may print at most (its answer is bounded at 4 MiB).
 MAX_OUTPUT = 8 << 20
 #: Seconds past a probe's own deadline before the whole program is killed: starting

@@ -533,7 +533,7 @@ def test_apply_asks_on_a_terminal_then_fixes_and_audits_again(
 def without_state_dir() -> dict[str, str]:
     """Return this environment without the tests' state directory for sysroot fixes: a fix
     run under sudo on the host keeps its state where root keeps it."""
-    from auditor.hosts.sysroot_fix import STATE_ENV
+    from auditor.shipped.sysroot_fix import STATE_ENV
 
     return {k: v for k, v in os.environ.items() if k != STATE_ENV}
 

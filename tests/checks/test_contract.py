@@ -124,8 +124,8 @@ def test_every_step_kind_is_one_description_both_engines_follow() -> None:
     import dataclasses
     import re
 
-    from auditor.hosts.sysroot_fix import Applier
     from auditor.remediations.steps import CHANGES, RunCommand, Step
+    from auditor.shipped.sysroot_fix import Applier
 
     templates = Path(__file__).parents[2] / "templates"
     defined = {name for template in ("fix.sh.j2", "rollback.sh.j2")

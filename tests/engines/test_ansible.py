@@ -260,7 +260,7 @@ def test_apply_with_become_then_again_changes_nothing(ansible: Ansible, image: P
     shutil.copy(rollback, kept)
     # Run as the fix ran (as root, with the play's state directory), so it finds the
     # state the fix kept.
-    from auditor.hosts.sysroot_fix import STATE_ENV
+    from auditor.shipped.sysroot_fix import STATE_ENV
 
     env = {**os.environ, STATE_ENV: str(ansible.state)}
     undone = subprocess.run(["bash", str(kept)], capture_output=True, text=True, check=False,

@@ -92,7 +92,7 @@ def test_a_tracefs_pipe_in_the_tree_does_not_hang_the_audit(h200: Sysroot) -> No
     tracing = h200.root.parent / "tracing"
     tracing.mkdir()
     value = h200.path("/proc/sys/kernel/numa_balancing")
-    probe = ("from auditor.hosts.treeio import Tree\n"
+    probe = ("from auditor.shipped.treeio import Tree\n"
              f"tree = Tree({str(tracing)!r})\n"
              "try:\n"
              "    tree.read('/trace_pipe', 100)\n"
@@ -194,7 +194,7 @@ def test_a_bind_mount_of_the_same_file_system_is_not_crossed(
     """A bind mount of a directory of the same file system has the tree's st_dev: the
     component walk (kernels without openat2) tells it by its mount id."""
     assert os.stat(canary.root).st_dev == os.stat(h200.root).st_dev
-    probe = ("from auditor.hosts.treeio import Tree\n"
+    probe = ("from auditor.shipped.treeio import Tree\n"
              f"tree = Tree({str(h200.root)!r}, use_openat2={use_openat2!r})\n"
              "for read in (lambda: tree.read('/etc/sysctl.d/secret', 100),\n"
              "             lambda: tree.read_file(b'/etc/sysctl.d', b'secret', 100),\n"

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from auditor.probes import agent
+from auditor.shipped import probe_agent as agent
 
 HERE = Path(__file__).parent
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from auditor.probes import agent, judge
+from auditor.probes import judge
+from auditor.shipped import probe_agent as agent
 from tests.probes.conftest import RunAgent
 
 

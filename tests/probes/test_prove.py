@@ -13,11 +13,12 @@ from auditor.cli.fix import FixRequest, fix
 from auditor.hosts import open_sysroot
 from auditor.model import Report, Status
 from auditor.policy import load_policy
-from auditor.probes import agent, judge
+from auditor.probes import judge
 from auditor.probes.prove import change_findings
 from auditor.probes.run import ProbeRequest, run_probes
 from auditor.registry import load_checks, select
 from auditor.runner import audit
+from auditor.shipped import probe_agent as agent
 from tests.support.fixkit import needs_root, run
 from tests.support.plant import plant_numa
 from tests.support.sysroot import Sysroot

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from auditor.errors import UsageError
-from auditor.probes import agent
 from auditor.probes.run import ProbeRequest, parse_output, parse_probes, program_args
+from auditor.shipped import probe_agent as agent
 
 
 def test_the_answer_is_the_last_marked_line() -> None:

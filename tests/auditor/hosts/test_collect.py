@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from auditor.hosts import DirectoryHost, collector_script
+from auditor.hosts import DirectoryHost
 from auditor.hosts.archive import ArchiveHost
 from auditor.hosts.collect import CollectError, collect_tar, parse_output, remote_command
 from auditor.registry import collected_paths, load_checks
+from auditor.shipped import collector_script
 from tests.support.sysroot import Sysroot
 
 SH_TOOLS = ("sh", "id", "sudo", "readlink", "head", "od", "ls")
@@ -253,8 +254,8 @@ def test_file_cap_limits_each_file(tmp_path: Path) -> None:
 def test_collector_script_runs_on_python_3_6() -> None:
     """The program sent to targets parses as Python 3.6 and needs no __future__ import;
     it imports only the standard library (treeio's names are defined before the collector)."""
-    from auditor.hosts import treeio
     from auditor.hosts.collect import module_sources
+    from auditor.shipped import treeio
 
     source = module_sources(treeio, collector_script).decode()
     tree = ast.parse(source, feature_version=(3, 6))

@@ -1,6 +1,6 @@
 """The GPU-state collector: NVML in a child process, nvidia-smi, SSH, captures, and every failure.
 
-The NVML child is started for real (``python -m auditor.hosts.nvml_child``) against a stand-in
+The NVML child is started for real (``python -m auditor.shipped.nvml_child``) against a stand-in
 ``pynvml`` put on its path (tests/fixtures/fake_nvml): the lent H200's values, each error class
 of ``nvmlInit``, a lost GPU, a crash of the interpreter and a hang past the deadline. nvidia-smi
 is a script on PATH printing a document of tests/support/hostgen/smi.py; over SSH the same
@@ -164,7 +164,7 @@ def test_the_lent_h200s_kernel_log_holds_no_xid(make_sysroot: object) -> None:
 
 def test_where_dev_kmsg_is_closed_the_journal_is_read(fake_smi: Path,
                                                        make_sysroot: object) -> None:
-    from auditor.hosts.collector_script import read_kmsg
+    from auditor.shipped.collector_script import read_kmsg
 
     journal = fake_smi / "journalctl"
     journal.write_text("#!/bin/sh\nprintf '%s\\n' '[  812.000001] gpu-01 kernel: NVRM: Xid "
@@ -487,7 +487,7 @@ def test_audit_checks_imports_neither_the_collector_nor_xml() -> None:
     imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines()}
     assert "gpu.memory" in proc.stdout
     assert not imported & {"pynvml", "auditor.hosts.gpustate", "auditor.checks.lib.gpustate",
-                           "xml.etree.ElementTree", "auditor.hosts.nvml_child"}
+                           "xml.etree.ElementTree", "auditor.shipped.nvml_child"}
 
 
 def test_audit_watch_reads_the_gpu_state_again_after_an_event(make_sysroot: object) -> None:

@@ -2,7 +2,7 @@
 against real ``setpci`` (the booted machine's fixer) on one table of config spaces.
 
 A fix writes a register where the walk says it is: where ``checks/lib/pci.py`` finds
-the PCI Express or ACS capability, the sysroot engine (``auditor/hosts/sysroot_fix.py``)
+the PCI Express or ACS capability, the sysroot engine (``auditor/shipped/sysroot_fix.py``)
 and pciutils find it at the same offset; where the check finds none or refuses the list
 (it loops, points into the header, runs past the bytes read), the fixer finds none, and
 writes nothing.
@@ -22,7 +22,7 @@ from auditor.checks.lib.pci import (
     find_capability,
     find_extended_capability,
 )
-from auditor.hosts.sysroot_fix import capability_offset, extended_capability_offset
+from auditor.shipped.sysroot_fix import capability_offset, extended_capability_offset
 from tests.support.pciutils import args, needs_pciutils
 
 EXP, ACS = 0x10, 0x0D

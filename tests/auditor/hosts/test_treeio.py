@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from auditor.hosts import treeio
-from auditor.hosts.treeio import Tree
+from auditor.shipped import treeio
+from auditor.shipped.treeio import Tree
 
 
 @pytest.fixture(params=[None, False], ids=["openat2", "walk"])

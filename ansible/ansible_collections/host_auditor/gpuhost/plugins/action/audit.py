@@ -97,7 +97,7 @@ def _connection_host_class():
 
         def collect(self, patterns):
             from auditor.errors import AuditorError, CollectError
-            from auditor.hosts.collector_script import denied
+            from auditor.shipped.collector_script import denied
 
             command = remote_command(patterns, root=self.root)
             self.deadline = time.monotonic() + self.timeout

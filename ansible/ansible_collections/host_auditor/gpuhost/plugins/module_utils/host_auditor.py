@@ -212,7 +212,7 @@ def run(host, reaudit, params, check_mode=False, diff_mode=False, state_dir=None
 
     rollback = kept_rollback(plan, local=isinstance(host, (DirectoryHost, LocalHost)))
     if state_dir and plan.sysroot and not isinstance(host, (DirectoryHost, LocalHost)):
-        from auditor.hosts.sysroot_fix import state_key
+        from auditor.shipped.sysroot_fix import state_key
 
         rollback = "/".join([state_dir.rstrip("/"), state_key(plan.root), plan.fix_id,
                              "rollback.sh"])

@@ -1,6 +1,6 @@
 """Read the GPU state through NVML and print it as one JSON document (a child process).
 
-Run by its path (``python .../auditor/hosts/nvml_child.py``, standard library only) by
+Run by its path (``python .../auditor/shipped/nvml_child.py``, standard library only) by
 :func:`auditor.hosts.gpustate.run_nvml`, never imported by the audit itself: a wrong
 ctypes call inside NVML kills the interpreter that makes it, and NVML blocks on a wedged
 GPU, so the parent gives this process a deadline and survives whatever happens here.

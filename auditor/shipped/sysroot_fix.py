@@ -53,8 +53,8 @@ try:
     # auditor.parsing (auditor.render.sysroot_program).
     Tree  # noqa: B018
 except NameError:
-    from auditor.hosts.treeio import Tree, read_fd, write_fd
     from auditor.parsing import parse_selector, select_word
+    from auditor.shipped.treeio import Tree, read_fd, write_fd
 
 PLAN_FORMAT = 2  # 2: each action names its fix and undo verbs
 STATE_ENV = "HOST_AUDITOR_STATE_DIR"

@@ -32,7 +32,7 @@ from typing import BinaryIO, Dict, List, Optional, Set, Tuple  # noqa: F401 - ty
 try:
     Tree  # sent to a remote host, this module follows treeio's source  # noqa: B018
 except NameError:
-    from auditor.hosts.treeio import Tree
+    from auditor.shipped.treeio import Tree
 
 #: The most bytes kept of one file.
 FILE_CAP = 1 << 20
