@@ -26,7 +26,7 @@ from auditor.model import Finding, Severity, Status
 if TYPE_CHECKING:
     from typing_extensions import dataclass_transform
 
-    from auditor.remediations.steps import FixContext, Remedy
+    from auditor.remedy import FixContext, Remedy
 else:
     def dataclass_transform(**_: object) -> Any:
         """Only type checkers read PEP 681's marker: at run time, leave the class as it is."""
@@ -336,7 +336,7 @@ class Check(ABC, Generic[OptionsT]):
         unit installed in the container changes nothing: each finding's own fix is
         advice for the host. ``where`` is :meth:`Environment.describe`.
         """
-        from auditor.remediations.steps import Advice, Remedy
+        from auditor.remedy import Advice, Remedy
 
         return [Remedy(
             check=self.id, subject=f.subject, title=title.format(subject=f.subject),

@@ -23,14 +23,7 @@ from auditor.model import FIXABLE, Finding, Report
 from auditor.parsing import parse_os_release
 from auditor.policy import Policy
 from auditor.remediations.boot import boot_remedy
-from auditor.remediations.steps import (
-    FixContext,
-    MakeSymlink,
-    Remedy,
-    RunCommand,
-    SetPciBits,
-    Step,
-)
+from auditor.remedy import FixContext, MakeSymlink, Remedy, RunCommand, SetPciBits, Step
 from auditor.shipped.sysroot_fix import PLAN_FORMAT, machine_id_digest
 
 

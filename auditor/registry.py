@@ -282,7 +282,7 @@ def collected_paths(checks: Iterable[CheckClass], *, fix: bool = False) -> list[
 def fix_reads(checks: Iterable[CheckClass]) -> tuple[str, ...]:
     """Return the paths the checks' remediations read beyond their ``reads``."""
     from auditor.remediations.boot import BOOT_READS
-    from auditor.remediations.steps import GUARD_READS
+    from auditor.remedy import GUARD_READS
 
     found: dict[str, None] = dict.fromkeys(GUARD_READS)
     chosen = fixable(checks)

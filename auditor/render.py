@@ -484,7 +484,7 @@ def render_fix(plan: FixPlan) -> RenderedFix:
     A booted machine's scripts are bash. A sysroot's hand the plan to python3, which opens
     every path inside the sysroot (:mod:`auditor.shipped.sysroot_fix`): bash cannot.
     """
-    from auditor.remediations.steps import describe
+    from auditor.remedy import describe
 
     env = make_environment("shell")
     env.globals["describe"] = describe

@@ -39,7 +39,7 @@ from auditor.model import Finding, Severity
 from auditor.parsing import lazy_re, parse_os_release
 
 if TYPE_CHECKING:
-    from auditor.remediations.steps import Advice, FixContext, Remedy, Step
+    from auditor.remedy import Advice, FixContext, Remedy, Step
 
 PROC_CMDLINE = "/proc/cmdline"
 OS_RELEASE = "/etc/os-release"
@@ -277,7 +277,7 @@ class BootCmdline(Check[CheckOptions]):
         self, host: Host, findings: Sequence[Finding], context: FixContext
     ) -> list[Remedy]:
         """Rewrite ineffective tokens where they are configured; say how to boot what is set."""
-        from auditor.remediations.steps import Advice, Remedy, evidence
+        from auditor.remedy import Advice, Remedy, evidence
         remedies: list[Remedy] = []
         for finding in findings:
             ev = evidence(finding)
@@ -307,7 +307,7 @@ class BootCmdline(Check[CheckOptions]):
 
     def _fix_tokens(self, host: Host, ev: dict[str, str], context: FixContext
                     ) -> Remedy | None:
-        from auditor.remediations.steps import Advice, Remedy, ReplaceLine, RunCommand
+        from auditor.remedy import Advice, Remedy, ReplaceLine, RunCommand
         configured = bootloader.next_boot(host).configured
         if configured is None:
             return Remedy(check=self.id, subject="tokens", title="ineffective boot parameters",

@@ -35,7 +35,7 @@ from auditor.model import Finding, Severity
 from auditor.parsing import kernel_cmdline_params
 
 if TYPE_CHECKING:
-    from auditor.remediations.steps import FixContext, Remedy
+    from auditor.remedy import FixContext, Remedy
 
 EFI = "/sys/firmware/efi"
 EFIVARS = f"{EFI}/efivars"
@@ -224,7 +224,7 @@ class BootModuleSigning(Check[CheckOptions]):
     def remediate(self, host: Host, findings: Sequence[Finding], context: FixContext
                   ) -> list[Remedy]:
         """Name the operator's commands: enrollment needs the console, flavour a reinstall."""
-        from auditor.remediations.steps import Advice, Remedy
+        from auditor.remedy import Advice, Remedy
         remedies: list[Remedy] = []
         for finding in findings:
             ev = dict(finding.evidence)

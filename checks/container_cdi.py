@@ -30,7 +30,7 @@ from auditor.model import Finding, Severity
 from auditor.parsing import lazy_re
 
 if TYPE_CHECKING:
-    from auditor.remediations.steps import FixContext, Remedy
+    from auditor.remedy import FixContext, Remedy
 
 #: Host paths whose existence a collection carries (device entries, firmware directories).
 CHECKABLE = ("/dev/nvidia*", "/dev/nvidia-caps/*", "/dev/nvidia-caps-imex-channels/*",
@@ -222,7 +222,7 @@ class ContainerCdi(Check[CheckOptions]):
         self, host: Host, findings: Sequence[Finding], context: FixContext
     ) -> list[Remedy]:
         """Enable the toolkit's refresh unit; say how to regenerate each stale spec."""
-        from auditor.remediations.steps import Advice, MakeSymlink, Remedy, RunCommand, evidence
+        from auditor.remedy import Advice, MakeSymlink, Remedy, RunCommand, evidence
         remedies: list[Remedy] = []
         for finding in findings:
             if finding.subject == "refresh":

@@ -37,7 +37,7 @@ from auditor.model import Finding, Severity
 from auditor.parsing import lazy_re
 
 if TYPE_CHECKING:
-    from auditor.remediations.steps import FixContext, Remedy, Step
+    from auditor.remedy import FixContext, Remedy, Step
 
 CONFIG = "/etc/nvidia-container-runtime/config.toml"
 BINARIES = tuple(f"{d}/{b}" for d in ("/usr/bin", "/usr/local/bin", "/usr/sbin")
@@ -343,7 +343,7 @@ class ContainerToolkit(Check[CheckOptions]):
     def remediate(self, host: Host, findings: Sequence[Finding], context: FixContext
                   ) -> list[Remedy]:
         """Create the /dev/char links and their udev rule; correct the ldconfig path."""
-        from auditor.remediations.steps import Advice, MakeSymlink, Remedy, ReplaceLine, WriteFile
+        from auditor.remedy import Advice, MakeSymlink, Remedy, ReplaceLine, WriteFile
         remedies: list[Remedy] = []
         for finding in findings:
             ev = dict(finding.evidence)

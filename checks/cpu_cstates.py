@@ -34,7 +34,7 @@ from auditor.model import Finding, Severity
 from auditor.parsing import format_cpulist, kernel_cmdline_params, lazy_re, parse_cpulist
 
 if TYPE_CHECKING:
-    from auditor.remediations.steps import FixContext, Remedy, Step
+    from auditor.remedy import FixContext, Remedy, Step
 
 CPU_DIR = "/sys/devices/system/cpu"
 DRIVER = f"{CPU_DIR}/cpuidle/current_driver"
@@ -586,14 +586,7 @@ class CpuCstates(Check[CstateOptions]):
         self, host: Host, findings: Sequence[Finding], context: FixContext
     ) -> list[Remedy]:
         """Disable each too-deep state now, and at boot in the idle driver's own way."""
-        from auditor.remediations.steps import (
-            MakeSymlink,
-            Remedy,
-            RunCommand,
-            SetValue,
-            WriteFile,
-            evidence,
-        )
+        from auditor.remedy import MakeSymlink, Remedy, RunCommand, SetValue, WriteFile, evidence
         env = where.environment(host)
         if env.in_container:
             return self.advice_on_the_host(findings, env.describe(),

@@ -39,7 +39,7 @@ from auditor.model import Finding, Severity, Status
 from auditor.parsing import format_cpulist, lazy_re
 
 if TYPE_CHECKING:
-    from auditor.remediations.steps import FixContext, Remedy, Step
+    from auditor.remedy import FixContext, Remedy, Step
 
 #: The governors of Linux's cpufreq core (Documentation/admin-guide/pm/cpufreq.rst).
 GOVERNORS = ("performance", "powersave", "userspace", "ondemand", "conservative", "schedutil")
@@ -358,14 +358,8 @@ class CpuGovernor(Check[GovernorOptions]):
         self, host: Host, findings: Sequence[Finding], context: FixContext
     ) -> list[Remedy]:
         """Write the governor to each policy (EPP first), and persist it across reboots."""
-        from auditor.remediations.steps import (
-            MakeSymlink,
-            Remedy,
-            RunCommand,
-            SetValue,
-            WriteFile,
-        )
-        from auditor.remediations.steps import evidence as evidence_of
+        from auditor.remedy import MakeSymlink, Remedy, RunCommand, SetValue, WriteFile
+        from auditor.remedy import evidence as evidence_of
         env = where.environment(host)
         if env.in_container:
             return self.advice_on_the_host(findings, env.describe())
@@ -452,7 +446,7 @@ class CpuGovernor(Check[GovernorOptions]):
 
     def _other_remedy(self, host: Host, finding: Finding, ev: dict[str, str]) -> Remedy | None:
         """Return the remedy for a boost, max-frequency cap or daemon finding, or None."""
-        from auditor.remediations.steps import Advice, Remedy, SetValue
+        from auditor.remedy import Advice, Remedy, SetValue
         if finding.subject == "boost" and ev.get("source") in _BOOST_FILES:
             source = ev["source"]
             return Remedy(

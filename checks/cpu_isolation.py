@@ -38,7 +38,7 @@ from auditor.model import Finding, Severity
 from auditor.parsing import format_cpulist, lazy_re, parse_cpulist
 
 if TYPE_CHECKING:
-    from auditor.remediations.steps import FixContext, Remedy, Step
+    from auditor.remedy import FixContext, Remedy, Step
 
 ISOLATED = "/sys/devices/system/cpu/isolated"
 NOHZ_FULL = "/sys/devices/system/cpu/nohz_full"
@@ -327,7 +327,7 @@ class CpuIsolation(Check[CheckOptions]):
     def remediate(self, host: Host, findings: Sequence[Finding], context: FixContext
                   ) -> list[Remedy]:
         """Hand CPU0 and device-local CPUs back at boot; move device IRQs off isolated CPUs."""
-        from auditor.remediations.steps import Advice, Remedy, SetValue
+        from auditor.remedy import Advice, Remedy, SetValue
         remedies: list[Remedy] = []
         state = isolation(host)
         if state is None:

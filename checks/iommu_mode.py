@@ -47,7 +47,7 @@ from auditor.hosts.base import Host
 from auditor.model import Finding, Severity
 
 if TYPE_CHECKING:
-    from auditor.remediations.steps import FixContext, Remedy
+    from auditor.remedy import FixContext, Remedy
 
 IOMMU_CLASS = "/sys/class/iommu"
 GROUPS = "/sys/kernel/iommu_groups"
@@ -377,7 +377,7 @@ class IommuMode(Check[IommuOptions]):
         self, host: Host, findings: Sequence[Finding], context: FixContext
     ) -> list[Remedy]:
         """Put passthrough on the boot line; print the runtime procedure as a manual step."""
-        from auditor.remediations.steps import Advice, Remedy, evidence
+        from auditor.remedy import Advice, Remedy, evidence
         problems = {evidence(f).get("problem", "") for f in findings}
         tokens = cmdline_tokens(host)
         notes: list[str] = []

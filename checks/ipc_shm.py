@@ -28,7 +28,7 @@ from auditor.model import Finding, Severity
 from auditor.parsing import lazy_re
 
 if TYPE_CHECKING:
-    from auditor.remediations.steps import FixContext, Remedy
+    from auditor.remedy import FixContext, Remedy
 
 MOUNTS = "/proc/mounts"
 MEMINFO = "/proc/meminfo"
@@ -260,7 +260,7 @@ class IpcShm(Check[IpcShmOptions]):
     def remediate(self, host: Host, findings: Sequence[Finding], context: FixContext
                   ) -> list[Remedy]:
         """Raise Docker's default /dev/shm, keep logind from removing IPC; advise the rest."""
-        from auditor.remediations.steps import Advice, Remedy, WriteFile
+        from auditor.remedy import Advice, Remedy, WriteFile
         remedies: list[Remedy] = []
         for finding in findings:
             if finding.subject == SHM:

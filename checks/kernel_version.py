@@ -55,7 +55,7 @@ from auditor.model import Finding, Severity, Status
 from auditor.parsing import parse_os_release, safe_word, version_tuple
 
 if TYPE_CHECKING:
-    from auditor.remediations.steps import Advice, FixContext, Remedy
+    from auditor.remedy import Advice, FixContext, Remedy
 
 OS_RELEASE = "/etc/os-release"
 #: A replayed capture's manifest (:mod:`auditor.manifest`): the date the capture was taken.
@@ -537,7 +537,7 @@ class KernelVersion(Check[KernelOptions]):
         self, host: Host, findings: Sequence[Finding], context: FixContext
     ) -> list[Remedy]:
         """Advise the kernel, driver or module to install; nothing runs unless uncommented."""
-        from auditor.remediations.steps import Advice, Remedy, evidence
+        from auditor.remedy import Advice, Remedy, evidence
         remedies: list[Remedy] = []
         cpuinfo = files.read_optional(host, "/proc/cpuinfo") or ""
         arch = "arm64" if "CPU implementer" in cpuinfo and "vendor_id" not in cpuinfo else "amd64"
@@ -565,7 +565,7 @@ class KernelVersion(Check[KernelOptions]):
 
     def _kernel_remedy(self, finding: Finding, ev: dict[str, str], context: FixContext,
                        arch: str) -> Remedy:
-        from auditor.remediations.steps import Advice, Remedy
+        from auditor.remedy import Advice, Remedy
         minimum = ev.get("minimum", "") or self.options.minimum
         running = ev.get("running", finding.observed)
         advice: list[Advice] = []
@@ -602,7 +602,7 @@ class KernelVersion(Check[KernelOptions]):
                       advice=tuple(advice), reboot=True)
 
     def _driver_remedy(self, host: Host, finding: Finding, ev: dict[str, str]) -> Remedy:
-        from auditor.remediations.steps import Advice, Remedy
+        from auditor.remedy import Advice, Remedy
         advice: list[Advice] = []
         release = ev.get("next_boot", "")
         if ev.get("module_fix") and kernels.is_release(release):
@@ -638,7 +638,7 @@ class KernelVersion(Check[KernelOptions]):
 
 def default_kernel_advice(running: str, os_release: Mapping[str, str]) -> list[Advice]:
     """Return the family's own way to make ``running`` the kernel the next boot starts."""
-    from auditor.remediations.steps import Advice
+    from auditor.remedy import Advice
     if not kernels.is_release(running):
         return []
     ids = {os_release.get("ID", ""), *os_release.get("ID_LIKE", "").split()}

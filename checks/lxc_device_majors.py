@@ -83,7 +83,7 @@ from auditor.model import Finding, Severity
 from auditor.parsing import lazy_re
 
 if TYPE_CHECKING:
-    from auditor.remediations.steps import Advice, FixContext, Remedy, Step
+    from auditor.remedy import Advice, FixContext, Remedy, Step
 
 #: Drivers whose character major never moves.
 FIXED_MAJORS = {"nvidia": 195, "nvidiactl": 195, "drm": 226}
@@ -855,13 +855,7 @@ class LxcDeviceMajors(Check[CheckOptions]):
         self, host: Host, findings: Sequence[Finding], context: FixContext
     ) -> list[Remedy]:
         """Point each stale allow rule at the device's current major; advise a restart."""
-        from auditor.remediations.steps import (
-            Advice,
-            InsertLine,
-            Remedy,
-            ReplaceLine,
-            evidence,
-        )
+        from auditor.remedy import Advice, InsertLine, Remedy, ReplaceLine, evidence
         remedies: list[Remedy] = []
         planned: dict[tuple[str, int], str] = {}
         inserted: set[tuple[str, str]] = set()
@@ -949,7 +943,7 @@ class LxcDeviceMajors(Check[CheckOptions]):
 
     def _restart_only(self, finding: Finding, ev: dict[str, str],
                       argv: tuple[str, ...]) -> Remedy:
-        from auditor.remediations.steps import Advice, Remedy
+        from auditor.remedy import Advice, Remedy
         current = ev.get("current_major", "")
         device = ev.get("device", "the device")
         advice = [Advice(f"restart container {finding.subject}: it runs with the device rules "

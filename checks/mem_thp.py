@@ -31,7 +31,7 @@ from auditor.model import Finding, Severity
 from auditor.parsing import lazy_re, parse_selector
 
 if TYPE_CHECKING:
-    from auditor.remediations.steps import FixContext, Remedy, Step
+    from auditor.remedy import FixContext, Remedy, Step
 
 THP = "/sys/kernel/mm/transparent_hugepage"
 ENABLED = f"{THP}/enabled"
@@ -163,7 +163,7 @@ class MemThp(Check[MemThpOptions]):
     def remediate(self, host: Host, findings: Sequence[Finding], context: FixContext
                   ) -> list[Remedy]:
         """Select the wanted words now; keep them at boot (command line, tmpfiles.d)."""
-        from auditor.remediations.steps import Advice, Remedy, SetSelector, WriteFile
+        from auditor.remedy import Advice, Remedy, SetSelector, WriteFile
         env = where.environment(host)
         if env.in_container:
             return self.advice_on_the_host(findings, env.describe())

@@ -33,7 +33,7 @@ from auditor.model import Finding, Severity
 from auditor.parsing import lazy_re
 
 if TYPE_CHECKING:
-    from auditor.remediations.steps import FixContext, Remedy
+    from auditor.remedy import FixContext, Remedy
 
 ETC_NCCL = "/etc/nccl.conf"
 USER_NCCL = ("/root/.nccl.conf", "/home/*/.nccl.conf")
@@ -214,7 +214,7 @@ class NcclEnv(Check[CheckOptions]):
     def remediate(self, host: Host, findings: Sequence[Finding], context: FixContext
                   ) -> list[Remedy]:
         """Comment out the workaround lines; name the cache files to delete."""
-        from auditor.remediations.steps import Advice, Remedy, ReplaceLine
+        from auditor.remedy import Advice, Remedy, ReplaceLine
         remedies: list[Remedy] = []
         done: set[tuple[str, str]] = set()
         for finding in findings:

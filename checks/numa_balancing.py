@@ -23,7 +23,7 @@ from auditor.model import Finding, Severity
 from auditor.parsing import kernel_cmdline_params
 
 if TYPE_CHECKING:
-    from auditor.remediations.steps import Advice, FixContext, Remedy, Step
+    from auditor.remedy import Advice, FixContext, Remedy, Step
 
 SYSCTL_KEY = "kernel.numa_balancing"
 RUNTIME_PATH = "/proc/sys/kernel/numa_balancing"
@@ -281,13 +281,7 @@ class NumaBalancing(Check[CheckOptions]):
         self, host: Host, findings: Sequence[Finding], context: FixContext
     ) -> list[Remedy]:
         """Set kernel.numa_balancing to 0 now and in a file the boot reads."""
-        from auditor.remediations.steps import (
-            Advice,
-            Remedy,
-            ReplaceLine,
-            SetValue,
-            WriteFile,
-        )
+        from auditor.remedy import Advice, Remedy, ReplaceLine, SetValue, WriteFile
         if not findings:
             return []
         env = where.environment(host)

@@ -29,7 +29,7 @@ from auditor.hosts.base import Host
 from auditor.model import Finding, Severity
 
 if TYPE_CHECKING:
-    from auditor.remediations.steps import Advice, FixContext, Remedy, Step
+    from auditor.remedy import Advice, FixContext, Remedy, Step
 
 #: Package name prefixes of NVIDIA's driver on Debian and Ubuntu (distribution and CUDA repo).
 NVIDIA_PACKAGES = ("nvidia-driver-", "nvidia-utils-", "nvidia-compute-utils-",
@@ -275,13 +275,8 @@ class NvidiaDriver(Check[CheckOptions]):
         self, host: Host, findings: Sequence[Finding], context: FixContext
     ) -> list[Remedy]:
         """Keep NVIDIA packages out of unattended upgrades; say how to reload; banish nouveau."""
-        from auditor.remediations.steps import (
-            Advice,
-            Remedy,
-            RunCommand,
-            WriteFile,
-        )
-        from auditor.remediations.steps import evidence as evidence_of
+        from auditor.remedy import Advice, Remedy, RunCommand, WriteFile
+        from auditor.remedy import evidence as evidence_of
         remedies: list[Remedy] = []
         for finding in findings:
             ev = evidence_of(finding)
@@ -314,7 +309,7 @@ class NvidiaDriver(Check[CheckOptions]):
         return remedies
 
     def _keep_back(self, host: Host, ev: dict[str, str]) -> Remedy:
-        from auditor.remediations.steps import Advice, Remedy, WriteFile
+        from auditor.remedy import Advice, Remedy, WriteFile
         steps: list[Step] = []
         advice: list[Advice] = []
         notes: list[str] = []

@@ -26,7 +26,7 @@ from auditor.model import Finding, Severity
 from auditor.parsing import lazy_re
 
 if TYPE_CHECKING:
-    from auditor.remediations.steps import Advice, FixContext, MakeSymlink, Remedy, RunCommand
+    from auditor.remedy import Advice, FixContext, MakeSymlink, Remedy, RunCommand
 
 UNIT = "nvidia-fabricmanager.service"
 COMM = "nv-fabricmanager"
@@ -192,7 +192,7 @@ class NvidiaFabricmanager(Check[CheckOptions]):
         self, host: Host, findings: Sequence[Finding], context: FixContext
     ) -> list[Remedy]:
         """Enable the unit where it is installed; say which package and version to install."""
-        from auditor.remediations.steps import Advice, MakeSymlink, Remedy, RunCommand, evidence
+        from auditor.remedy import Advice, MakeSymlink, Remedy, RunCommand, evidence
         remedies: list[Remedy] = []
         unit = units.read_unit(host, UNIT)
         for finding in findings:

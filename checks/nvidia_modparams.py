@@ -35,7 +35,7 @@ from auditor.hosts.base import Host
 from auditor.model import Finding, Severity
 
 if TYPE_CHECKING:
-    from auditor.remediations.steps import Advice, FixContext, Remedy
+    from auditor.remedy import Advice, FixContext, Remedy
 
 MODULES = ("nvidia", "nvidia_uvm", "nvidia_drm", "nvidia_modeset", "nvidia_peermem")
 #: nvidia.ko parameters that exist but are not printed in /proc/driver/nvidia/params
@@ -276,7 +276,7 @@ class NvidiaModparams(Check[CheckOptions]):
         self, host: Host, findings: Sequence[Finding], context: FixContext
     ) -> list[Remedy]:
         """Say how to make the configured options live: initramfs, reload, or reboot."""
-        from auditor.remediations.steps import Advice, Remedy, evidence
+        from auditor.remedy import Advice, Remedy, evidence
 
         remedies: list[Remedy] = []
         ramfs = modprobe.initramfs(host, MODULES)
@@ -317,7 +317,7 @@ class NvidiaModparams(Check[CheckOptions]):
         (templates/fix.sh.j2 ``run_after``), and here no file is changed; where a fix writes
         the option (nvidia.uvm_hmm) it rebuilds the image after that write.
         """
-        from auditor.remediations.steps import Advice, Remedy
+        from auditor.remedy import Advice, Remedy
 
         newer = ev.get("newer", "")
         advice = [Advice(f"rebuild the initramfs, which carries the nvidia modules "

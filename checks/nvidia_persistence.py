@@ -47,7 +47,7 @@ from auditor.model import Finding, Severity
 from auditor.parsing import lazy_re
 
 if TYPE_CHECKING:
-    from auditor.remediations.steps import Advice, FixContext, Remedy, Step
+    from auditor.remedy import Advice, FixContext, Remedy, Step
 
 UNIT = "nvidia-persistenced.service"
 PIDFILES = ("/run/nvidia-persistenced/nvidia-persistenced.pid",
@@ -274,14 +274,7 @@ class NvidiaPersistence(Check[CheckOptions]):
         self, host: Host, findings: Sequence[Finding], context: FixContext
     ) -> list[Remedy]:
         """Drop --no-persistence-mode with a drop-in; enable the unit where it can be enabled."""
-        from auditor.remediations.steps import (
-            Advice,
-            MakeSymlink,
-            Remedy,
-            RunCommand,
-            WriteFile,
-            evidence,
-        )
+        from auditor.remedy import Advice, MakeSymlink, Remedy, RunCommand, WriteFile, evidence
         remedies: list[Remedy] = []
         unit = units.read_unit(host, UNIT)
         for finding in findings:
@@ -329,7 +322,7 @@ class NvidiaPersistence(Check[CheckOptions]):
 def _match_driver(ev: dict[str, str]) -> list[Advice]:
     """Return the steps by hand that bring the daemon's package to the loaded driver's version."""
     from auditor.checks.nvidia_fabricmanager import pinned_version
-    from auditor.remediations.steps import Advice
+    from auditor.remedy import Advice
 
     name, driver = ev["package_for_driver"], ev["driver"]
     upstream = _DEB_VERSION.match(ev.get("package_version", ""))

@@ -36,7 +36,7 @@ from auditor.model import Finding, Severity, Status
 from auditor.parsing import kernel_cmdline_params
 
 if TYPE_CHECKING:
-    from auditor.remediations.steps import FixContext, Remedy, Step
+    from auditor.remedy import FixContext, Remedy, Step
 
 MODULE = "nvidia_uvm"
 PARAM = "uvm_disable_hmm"
@@ -250,14 +250,7 @@ class NvidiaUvmHmm(Check[UvmHmmOptions]):
         self, host: Host, findings: Sequence[Finding], context: FixContext
     ) -> list[Remedy]:
         """Set uvm_disable_hmm=1 in modprobe.d, rebuild the initramfs where it carries nvidia."""
-        from auditor.remediations.steps import (
-            Advice,
-            Remedy,
-            ReplaceLine,
-            RunCommand,
-            WriteFile,
-            evidence,
-        )
+        from auditor.remedy import Advice, Remedy, ReplaceLine, RunCommand, WriteFile, evidence
         remedies: list[Remedy] = []
         for finding in findings:
             ev = evidence(finding)

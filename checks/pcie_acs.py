@@ -49,7 +49,7 @@ from auditor.model import Finding, Severity
 from auditor.parsing import version_tuple
 
 if TYPE_CHECKING:
-    from auditor.remediations.steps import FixContext, Remedy
+    from auditor.remedy import FixContext, Remedy
 
 IOMMU_CLASS = "/sys/class/iommu"
 #: amdgpu's xGMI hive of a GPU: Instinct GPUs in one hive talk over Infinity Fabric links.
@@ -325,7 +325,7 @@ class PcieAcs(Check[CheckOptions]):
         self, host: Host, findings: Sequence[Finding], context: FixContext
     ) -> list[Remedy]:
         """Clear R, C and E now with setpci, and name the ports in one boot-line token."""
-        from auditor.remediations.steps import Advice, Remedy, SetPciBits, evidence
+        from auditor.remedy import Advice, Remedy, SetPciBits, evidence
         problems = {evidence(f).get("problem", "") for f in findings}
         ports = [f for f in findings if evidence(f).get("problem") in ("redirect", "runtime-only")
                  and pci.is_pci_address(f.subject)]

@@ -28,7 +28,7 @@ from auditor.model import Finding, Severity
 from auditor.parsing import parse_selector
 
 if TYPE_CHECKING:
-    from auditor.remediations.steps import FixContext, Remedy, Step
+    from auditor.remedy import FixContext, Remedy, Step
 
 POLICY = "/sys/module/pcie_aspm/parameters/policy"
 UDEV_RULE = "/etc/udev/rules.d/99-host-auditor-pcie-port-pm.rules"
@@ -231,14 +231,7 @@ class PcieAspm(Check[CheckOptions]):
         self, host: Host, findings: Sequence[Finding], context: FixContext
     ) -> list[Remedy]:
         """Turn ASPM off on each link and keep each port powered, now and at boot."""
-        from auditor.remediations.steps import (
-            Remedy,
-            RunCommand,
-            SetPciBits,
-            SetValue,
-            WriteFile,
-            evidence,
-        )
+        from auditor.remedy import Remedy, RunCommand, SetPciBits, SetValue, WriteFile, evidence
         remedies: list[Remedy] = []
         boot: list[str] = []
         rules: list[str] = []

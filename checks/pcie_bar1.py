@@ -24,7 +24,7 @@ from auditor.model import Finding, Severity
 from auditor.parsing import lazy_re
 
 if TYPE_CHECKING:
-    from auditor.remediations.steps import FixContext, Remedy, Step
+    from auditor.remedy import FixContext, Remedy, Step
 
 NVIDIA_PARAMS = "/proc/driver/nvidia/params"
 NVIDIA_INFO = "/proc/driver/nvidia/gpus/*/information"
@@ -211,13 +211,7 @@ class PcieBar1(Check[Bar1Options]):
         self, host: Host, findings: Sequence[Finding], context: FixContext
     ) -> list[Remedy]:
         """Name the BIOS settings; have the NVIDIA driver resize BAR1 at its next load."""
-        from auditor.remediations.steps import (
-            Advice,
-            Remedy,
-            RunCommand,
-            WriteFile,
-            evidence,
-        )
+        from auditor.remedy import Advice, Remedy, RunCommand, WriteFile, evidence
         if not findings:
             return []
         nvidia = [f for f in findings if "EnableResizableBar" in evidence(f)]

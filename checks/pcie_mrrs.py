@@ -30,7 +30,7 @@ from auditor.model import Finding, Severity, Status
 from auditor.parsing import lazy_re
 
 if TYPE_CHECKING:
-    from auditor.remediations.steps import FixContext, Remedy
+    from auditor.remedy import FixContext, Remedy
 
 #: Base class / sub-class pairs (the upper 16 bits of the class code) judged as GPUs:
 #: VGA (0x0300), 3D controller (0x0302, data-centre NVIDIA parts), other display
@@ -409,14 +409,7 @@ class PcieMrrs(Check[MrrsOptions]):
         self, host: Host, findings: Sequence[Finding], context: FixContext
     ) -> list[Remedy]:
         """Set MaxReadReq on each device found short, and add a udev rule that keeps it."""
-        from auditor.remediations.steps import (
-            Advice,
-            Remedy,
-            RunCommand,
-            SetPciBits,
-            WriteFile,
-            evidence,
-        )
+        from auditor.remedy import Advice, Remedy, RunCommand, SetPciBits, WriteFile, evidence
         target = self.options.min_read_request_bytes
         value, mask = mrrs_setpci_value(target).split(":")
         remedies: list[Remedy] = []

@@ -32,7 +32,7 @@ from auditor.model import Finding, Severity
 from auditor.parsing import lazy_re
 
 if TYPE_CHECKING:
-    from auditor.remediations.steps import FixContext, Remedy, Step
+    from auditor.remedy import FixContext, Remedy, Step
 
 LIMITS_CONF = "/etc/security/limits.conf"
 LIMITS_D = "/etc/security/limits.d/*.conf"
@@ -348,7 +348,7 @@ class RdmaMemlock(Check[RdmaMemlockOptions]):
     def remediate(self, host: Host, findings: Sequence[Finding], context: FixContext
                   ) -> list[Remedy]:
         """Raise the limit for logins, serving units and Docker; advise the restarts."""
-        from auditor.remediations.steps import Advice, Remedy, RunCommand, WriteFile
+        from auditor.remedy import Advice, Remedy, RunCommand, WriteFile
         remedies: list[Remedy] = []
         units: list[Step] = []
         names: list[str] = []

@@ -22,7 +22,7 @@ from auditor.model import Finding, Severity
 from auditor.parsing import version_tuple
 
 if TYPE_CHECKING:
-    from auditor.remediations.steps import FixContext, Remedy
+    from auditor.remedy import FixContext, Remedy
 
 MODULES_LOAD_DIRS = ("/etc/modules-load.d", "/run/modules-load.d", "/usr/local/lib/modules-load.d",
                      "/usr/lib/modules-load.d", "/lib/modules-load.d")
@@ -142,7 +142,7 @@ class RdmaPeermem(Check[CheckOptions]):
         self, host: Host, findings: Sequence[Finding], context: FixContext
     ) -> list[Remedy]:
         """Load nvidia-peermem at every boot (modules-load.d); say how to load it now."""
-        from auditor.remediations.steps import Advice, Remedy, WriteFile
+        from auditor.remedy import Advice, Remedy, WriteFile
         return [Remedy(
             check=self.id, subject=finding.subject, title="load nvidia-peermem at boot",
             persistent=(WriteFile(CONF, "# Written by host-auditor: GPUDirect RDMA for NCCL.\n"

@@ -29,7 +29,7 @@ from auditor.checks.lib.bootloader import (
     param_key,
 )
 from auditor.hosts.base import Host
-from auditor.remediations.steps import AppendLine, Remedy, ReplaceLine, RunCommand, Step
+from auditor.remedy import AppendLine, Remedy, ReplaceLine, RunCommand, Step
 
 __all__ = ["BOOT_READS", "GRUB_DEFAULT", "GRUB_DROP_INS", "GRUB_VARIABLE", "KERNEL_CMDLINE",
            "PROXMOX_BOOT_UUIDS", "boot_remedy", "merge_params"]

@@ -87,7 +87,7 @@ LOAD_CHECKS = "from auditor.registry import load_checks\nload_checks()"
 
 def test_loading_the_checks_imports_no_fix_machinery() -> None:
     """Every run imports every check: what only a fix or some hosts need waits until used."""
-    assert _imported_after(LOAD_CHECKS, ("auditor.remediations.steps", "auditor.remediations.boot",
+    assert _imported_after(LOAD_CHECKS, ("auditor.remedy", "auditor.remediations.boot",
                                   "auditor.fix", "jinja2", "configparser", "hashlib")) == []
 
 
@@ -115,7 +115,7 @@ def _ruff_stdin(source: str, filename: str, select: str) -> str:
 def test_ruff_keeps_the_remedy_model_out_of_a_check_modules_imports(
         filename: str, count: int) -> None:
     source = ("from __future__ import annotations\n\n"
-              "from auditor.remediations.steps import Remedy\n\n"
+              "from auditor.remedy import Remedy\n\n"
               "def fix() -> Remedy:\n    return Remedy('a.b', 's', 't')\n")
     report = _ruff_stdin(source, filename, "TID253")
     assert report.count("TID253") == count, report

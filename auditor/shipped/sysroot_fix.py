@@ -1046,7 +1046,7 @@ class Applier:
     def run(self, verb, actions):
         # type: (str, List[Dict[str, Any]]) -> None
         """Run each action's ``verb`` ("fix" or "undo"): the ``step_`` method the plan names
-        for it (remediations/steps.py, ``Verbs``: the one description of each step kind,
+        for it (auditor/remedy.py, ``Verbs``: the one description of each step kind,
         which the bash scripts' functions of the same names follow)."""
         for action in actions:
             name = action.get(verb, "")

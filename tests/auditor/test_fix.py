@@ -14,7 +14,7 @@ from auditor.cli import main
 from auditor.cli.fix import default_rollback_path
 from auditor.fix import Action, FixPlan, Section
 from auditor.model import Status
-from auditor.remediations.steps import Remedy, WriteFile
+from auditor.remedy import Remedy, WriteFile
 from tests.support.fixkit import (
     EVIL,
     assert_idempotent_and_reversible,
@@ -222,7 +222,7 @@ def test_cli_refuses_a_tar_capture_for_a_fix(
 @pytest.mark.root
 @needs_root
 def test_live_script_on_this_machine_fixes_and_rolls_back_a_file(tmp_path: Path) -> None:
-    from auditor.remediations.steps import RunCommand
+    from auditor.remedy import RunCommand
 
     hostname = Path("/proc/sys/kernel/hostname").read_text().strip()
     machine_id = Path("/etc/machine-id").read_text().strip() if Path(

@@ -142,7 +142,7 @@ from typing import ClassVar
 from auditor.check import Check, CheckOptions, Trigger, option
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity
-from auditor.remediations.steps import FixContext, Remedy, SetValue
+from auditor.remedy import FixContext, Remedy, SetValue
 
 PATH = "/proc/sys/vm/swappiness"
 

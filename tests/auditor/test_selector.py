@@ -15,7 +15,7 @@ import pytest
 
 from auditor.fix import Action, FixPlan, Section
 from auditor.parsing import parse_selector, select_word
-from auditor.remediations.steps import Remedy, SetSelector, describe
+from auditor.remedy import Remedy, SetSelector, describe
 from auditor.render import make_environment, render_fix
 from tests.support import livefix
 from tests.support.fixkit import copy_tree, live_plan, run, tree_hash

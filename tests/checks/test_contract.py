@@ -124,7 +124,7 @@ def test_every_step_kind_is_one_description_both_engines_follow() -> None:
     import dataclasses
     import re
 
-    from auditor.remediations.steps import CHANGES, RunCommand, Step
+    from auditor.remedy import CHANGES, RunCommand, Step
     from auditor.shipped.sysroot_fix import Applier
 
     templates = Path(__file__).parents[2] / "templates"

@@ -10,7 +10,7 @@ import pytest
 from auditor.checks.iommu_mode import IommuMode
 from auditor.hosts import DirectoryHost
 from auditor.model import Finding, Status
-from auditor.remediations.steps import FixContext, Remedy
+from auditor.remedy import FixContext, Remedy
 from tests.support.hostgen.classes import (
     PCIE_BOX_GPUS,
     PCIE_BOX_NICS,

@@ -8,7 +8,7 @@ from auditor.checks.mem_thp import DEFRAG, TMPFILES, MemThp
 from auditor.fix import build_fix
 from auditor.hosts import DirectoryHost
 from auditor.policy import load_policy
-from auditor.remediations.steps import SetSelector, WriteFile
+from auditor.remedy import SetSelector, WriteFile
 from auditor.runner import audit
 from tests.checks.cases.mem_thp import thp
 from tests.support.hostgen.serving import base, dgx_class

@@ -29,7 +29,7 @@ from auditor.hosts import DirectoryHost
 from auditor.model import Finding, Status
 from auditor.policy import load_policy
 from auditor.remediations.boot import boot_remedy
-from auditor.remediations.steps import AppendLine, FixContext, ReplaceLine, WriteFile
+from auditor.remedy import AppendLine, FixContext, ReplaceLine, WriteFile
 from auditor.runner import audit
 from tests.support.hostgen.platforms import (
     BOOTED_TOKENS,

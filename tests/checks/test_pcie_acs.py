@@ -13,7 +13,7 @@ from auditor.fix import build_fix
 from auditor.hosts import DirectoryHost
 from auditor.model import Finding, Status
 from auditor.policy import load_policy
-from auditor.remediations.steps import FixContext, SetPciBits
+from auditor.remedy import FixContext, SetPciBits
 from auditor.runner import audit
 from tests.support.fixkit import copy_tree, run, write_scripts
 from tests.support.hostgen.classes import (

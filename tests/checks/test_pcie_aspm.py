@@ -12,7 +12,7 @@ from auditor.fix import build_fix
 from auditor.hosts import DirectoryHost
 from auditor.model import Finding, Status
 from auditor.policy import load_policy
-from auditor.remediations.steps import FixContext, Remedy, SetPciBits, SetValue, WriteFile
+from auditor.remedy import FixContext, Remedy, SetPciBits, SetValue, WriteFile
 from auditor.runner import audit
 from tests.support.fixkit import copy_tree, run, write_scripts
 from tests.support.hostgen.classes import PCIE_BOX_GPUS, PcieBoxSpec, kvm_guest, pcie_box

@@ -10,7 +10,7 @@ import pytest
 from auditor.checks.pcie_bar1 import MODPROBE_FILE, PcieBar1
 from auditor.hosts import DirectoryHost
 from auditor.model import Finding, Status
-from auditor.remediations.steps import FixContext, RunCommand, WriteFile
+from auditor.remedy import FixContext, RunCommand, WriteFile
 from tests.support.hostgen.classes import PCIE_BOX_GPUS, PcieBoxSpec, mi300x, pcie_box
 from tests.support.pciutils import lspci, needs_pciutils
 

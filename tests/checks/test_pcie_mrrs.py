@@ -22,7 +22,7 @@ from auditor.cli import main
 from auditor.errors import PolicyError
 from auditor.hosts import DirectoryHost
 from auditor.model import Finding, Status
-from auditor.remediations.steps import FixContext
+from auditor.remedy import FixContext
 from tests.support.recording import RecordingHost, undeclared
 from tests.support.sysroot import Sysroot
 

@@ -13,7 +13,7 @@ from auditor.checks.lib.gpupath import peers
 from auditor.checks.pcie_acs import PcieAcs
 from auditor.hosts import DirectoryHost
 from auditor.model import Status
-from auditor.remediations.steps import FixContext
+from auditor.remedy import FixContext
 from tests.support.hostgen.base import Tree
 from tests.support.hostgen.classes import pcie_box
 from tests.support.hostgen.serving import dgx_class

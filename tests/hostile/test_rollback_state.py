@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from auditor.fix import Action, FixPlan, Section
-from auditor.remediations.steps import AppendLine, Remedy, Step, WriteFile
+from auditor.remedy import AppendLine, Remedy, Step, WriteFile
 from tests.support.fixkit import needs_root, run, tree_hash, write_scripts
 from tests.support.sysroot import Sysroot
 

@@ -21,7 +21,7 @@ import pytest
 from auditor.fix import Action, FixPlan, Section, build_fix
 from auditor.hosts import DirectoryHost
 from auditor.registry import load_checks
-from auditor.remediations.steps import Remedy, WriteFile
+from auditor.remedy import Remedy, WriteFile
 from auditor.shipped.sysroot_fix import STATE_ENV, state_dir
 from tests.hostile.conftest import Canary, audit_cmd, loop_device, run_limited
 from tests.support.fixkit import (

@@ -21,7 +21,7 @@ import pytest
 
 from auditor.fix import Action, FixPlan, Section
 from auditor.hosts import local
-from auditor.remediations.steps import Remedy, WriteFile
+from auditor.remedy import Remedy, WriteFile
 from tests.hostile.conftest import Canary, audit_cmd, run_limited
 from tests.support.fixkit import needs_root, plan_for, run, write_scripts
 from tests.support.plant import plant_numa

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from auditor.hosts import DirectoryHost
 from auditor.remediations.boot import boot_remedy, merge_params
-from auditor.remediations.steps import AppendLine, ReplaceLine, RunCommand
+from auditor.remedy import AppendLine, ReplaceLine, RunCommand
 from tests.support.fixkit import (
     assert_idempotent_and_reversible,
     fix_cycle,
