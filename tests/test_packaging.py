@@ -69,7 +69,8 @@ def _imported_after(code: str, modules: tuple[str, ...]) -> list[str]:
              f"print(sorted(m for m in {modules!r} if m in sys.modules), file=sys.stderr)")
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                             check=False)
-    return ast.literal_eval(result.stderr.strip())  # nothing else may be on stderr
+    imported: list[str] = ast.literal_eval(result.stderr.strip())  # nothing else on stderr
+    return imported
 
 
 def test_a_json_audit_imports_neither_jinja_nor_ssh_libraries() -> None:

@@ -132,7 +132,7 @@ class _OtherFinder:
 
 def test_another_distribution_finder_turns_the_cache_off(site: Path) -> None:
     entrypoints.find(GROUP)
-    sys.meta_path.append(_OtherFinder())  # type: ignore[arg-type]
+    sys.meta_path.append(_OtherFinder())
     try:
         assert entrypoints.find(GROUP)[1] is False
     finally:

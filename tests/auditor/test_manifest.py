@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from auditor.check import Check, CheckClass
+from auditor.check import Check, CheckClass, CheckOptions
 from auditor.errors import SnapshotError
 from auditor.hosts import DirectoryHost
 from auditor.hosts.archive import ArchiveHost
@@ -45,7 +45,7 @@ THP = "/sys/kernel/mm/transparent_hugepage/enabled"
 MADE_FOR = {c["check"] for c in LIVE["checks"]}
 
 
-class Thp(Check):
+class Thp(Check[CheckOptions]):
     """Transparent huge pages: a check written after the lent machine was captured."""
 
     id: ClassVar[str] = "mem.thp_test"
@@ -162,7 +162,7 @@ def test_snapshot_writes_what_it_collected(tmp_path: Path) -> None:
 
 
 def test_coverage_by_pattern_and_by_process() -> None:
-    class Reader(Check):
+    class Reader(Check[CheckOptions]):
         """Reads the swappiness and looks for a daemon."""
 
         id: ClassVar[str] = "vm.reader_test"

@@ -12,7 +12,7 @@ from typing import ClassVar
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from auditor.check import Check
+from auditor.check import Check, CheckOptions
 from auditor.cli import main
 from auditor.fleet import golden_diff
 from auditor.hosts import DirectoryHost
@@ -133,7 +133,7 @@ def test_a_waived_finding_keeps_its_status_everywhere_and_is_marked() -> None:
 # -- finding keys -------------------------------------------------------------------------------
 
 
-class TwoOnOneSubject(Check):
+class TwoOnOneSubject(Check[CheckOptions]):
     """Judge two things of one device, naming only one of them."""
 
     id: ClassVar[str] = "test.two"

@@ -116,7 +116,7 @@ def test_options_are_a_frozen_keyword_value() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         options.limit_us = 4  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):
-        del options.ratio  # type: ignore[misc]
+        del options.ratio
     with pytest.raises(TypeError, match="unexpected options: limt_us"):
         ThresholdOptions(limt_us=3)  # type: ignore[call-arg]
 

@@ -8,7 +8,7 @@ from typing import ClassVar
 
 import pytest
 
-from auditor.check import Check
+from auditor.check import Check, CheckOptions
 from auditor.checks.numa_balancing import NumaBalancing
 from auditor.hosts import DirectoryHost, LocalHost
 from auditor.hosts.base import Host
@@ -18,7 +18,7 @@ from auditor.runner import audit
 from tests.support.sysroot import Sysroot
 
 
-class Exploding(Check):
+class Exploding(Check[CheckOptions]):
     """Raise while reading."""
 
     id: ClassVar[str] = "test.exploding"
@@ -32,7 +32,7 @@ class Exploding(Check):
         return []
 
 
-class Silent(Check):
+class Silent(Check[CheckOptions]):
     """Yield nothing."""
 
     id: ClassVar[str] = "test.silent"
@@ -45,7 +45,7 @@ class Silent(Check):
         return []
 
 
-class Barrier(Check):
+class Barrier(Check[CheckOptions]):
     """Wait until a second check runs at the same time."""
 
     id: ClassVar[str] = "test.barrier"

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from auditor.check import Check
+from auditor.check import Check, CheckOptions
 from auditor.cli import main
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity
@@ -70,7 +70,7 @@ def test_check_and_skip_narrow_the_capture(tmp_path: Path,
     capsys.readouterr()
 
 
-class Greedy(Check):
+class Greedy(Check[CheckOptions]):
     """A check that asks for secrets and device nodes beside an ordinary file."""
 
     id: ClassVar[str] = "test.greedy"

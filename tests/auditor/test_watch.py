@@ -16,7 +16,7 @@ from typing import ClassVar
 
 import pytest
 
-from auditor.check import Check, Trigger
+from auditor.check import Check, CheckOptions, Trigger
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity, Status
 from auditor.policy import Policy
@@ -168,7 +168,7 @@ def test_watch_with_no_watched_check_is_a_usage_error() -> None:
     assert "none of the selected checks reacts to device events" in proc.stderr
 
 
-class CountingMrrs(Check):
+class CountingMrrs(Check[CheckOptions]):
     """Stands in for pcie.mrrs: reports how many times it ran as its observed value."""
 
     id: ClassVar[str] = "pcie.mrrs"
@@ -257,7 +257,7 @@ def test_without_udevadm_a_socket_left_behind_refuses_the_probe(
 
     import auditor.watch as watching
 
-    monkeypatch.setattr(watching.shutil, "which", lambda name: None)
+    monkeypatch.setattr("auditor.watch.shutil.which", lambda name: None)
     control = tmp_path / "control"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(str(control))

@@ -11,7 +11,10 @@ from tests.support.hostgen.serving import base, dgx_class
 
 def test_enforcement_evidence(tmp_path: Path) -> None:
     root = base(dgx_class, "dgx")(tmp_path)
-    host = lambda: DirectoryHost(str(root.root))  # noqa: E731 - read again after each change
+
+    def host() -> DirectoryHost:  # read again after each change
+        return DirectoryHost(str(root.root))
+
     assert enforcement(host(), "6.8.0-45-generic").why.startswith("booted without UEFI")
     root.remove("/proc/cmdline")
     assert enforcement(host(), "6.8.0-45-generic").on is None  # nothing read: unknown

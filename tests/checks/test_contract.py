@@ -132,7 +132,7 @@ def test_every_step_kind_is_one_description_both_engines_follow() -> None:
                for name in re.findall(r"^([a-z_]+)\(\) \{$",
                                       (templates / template).read_text(), re.MULTILINE)}
     methods = {name[len("step_"):] for name in dir(Applier) if name.startswith("step_")}
-    kinds = {cls.kind for cls in Step.__args__}  # type: ignore[attr-defined]
+    kinds = {cls.kind for cls in Step.__args__}
     assert set(CHANGES) == kinds - {RunCommand.kind}
     verbs: set[str] = set()
     for kind, cls in CHANGES.items():

@@ -446,7 +446,7 @@ def test_force_latency(value: str, us: int | None) -> None:
 class LiveQos(DirectoryHost):
     """A sysroot standing in for this machine, whose /dev/cpu_dma_latency reads a value."""
 
-    kind = "local"  # type: ignore[assignment]
+    kind = "local"
 
     def __init__(self, root: str, value: int) -> None:
         super().__init__(root)

@@ -7,13 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from auditor.checks.kernel_version import (
-    KernelVersion,
-    installed_kernels,
-    is_blackwell,
-    newest_installed,
-    nvidia_driver,
-)
+from auditor.checks.kernel_version import KernelVersion, nvidia_driver
+from auditor.checks.lib.kernels import installed_kernels, newest_installed
+from auditor.checks.lib.nvidia import is_blackwell
 from auditor.cli import main
 from auditor.errors import PolicyError
 from auditor.hosts import DirectoryHost
@@ -32,7 +28,7 @@ PROPRIETARY_550 = (
 )
 
 
-def run(root: Sysroot, **options: str) -> dict[str, Finding]:
+def run(root: Sysroot, **options: object) -> dict[str, Finding]:
     findings = list(KernelVersion.configured(**options).evaluate(DirectoryHost(str(root.root))))
     assert [f.subject for f in findings] == ["kernel", "nvidia-driver"]
     return {f.subject: f for f in findings}

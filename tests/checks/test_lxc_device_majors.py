@@ -17,15 +17,18 @@ from pathlib import Path
 
 import pytest
 
-from auditor.checks.lib.lxc_config import ConfigLine, parse_device_rule
+from auditor.checks.lib.lxc_config import (
+    ConfigLine,
+    cgroup_mode,
+    parse_device_rule,
+    parse_proc_devices,
+)
 from auditor.checks.lxc_device_majors import (
     LxcDeviceMajors,
     Rule,
     allows,
     bpf_allows,
-    cgroup_mode,
     node_driver,
-    parse_proc_devices,
 )
 from auditor.hosts import DirectoryHost
 from auditor.hosts.archive import ArchiveHost

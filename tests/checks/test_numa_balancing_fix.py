@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from auditor.model import Status
-from tests.checks.test_numa_balancing import add_node
 from tests.support.fixkit import (
     assert_idempotent_and_reversible,
     audit_root,
@@ -14,6 +13,7 @@ from tests.support.fixkit import (
     plan_for,
     statuses,
 )
+from tests.support.plant import add_node
 from tests.support.sysroot import Sysroot
 
 

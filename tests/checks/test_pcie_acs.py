@@ -41,7 +41,8 @@ def remedies(root: Path) -> list[object]:
 
 
 def boot_token(root: Path) -> str:
-    [token] = [p for r in remedies(root) for p in getattr(r, "boot_params", ())]
+    tokens: list[str] = [p for r in remedies(root) for p in getattr(r, "boot_params", ())]
+    [token] = tokens
     return token
 
 

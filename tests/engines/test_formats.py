@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from auditor import engines, outfile
+from auditor import engines
 from auditor.cli import main
 from auditor.model import PROBLEMS, Severity, Status
 from tests.support.factories import make_finding, make_report
@@ -262,7 +262,7 @@ def test_output_file_is_renamed_into_place_from_a_dot_file(
             renames.append((src, dst, handle.read()))
         real_rename(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
 
-    monkeypatch.setattr(outfile.os, "rename", spy)
+    monkeypatch.setattr("auditor.outfile.os.rename", spy)
     code, out, _err = run(capsys, "local", "--root", str(CAPTURES["h200"]), "--format", "nfd",
                           "-o", str(target))
     assert code == 0 and out == ""

@@ -230,8 +230,9 @@ def test_device_nodes_and_fifos_where_files_are_expected(
         fifo = h200.path("/sys/devices/system/cpu/cpufreq/policy1/scaling_governor")
         fifo.unlink()
         os.mkfifo(fifo)
-        [config] = [p for p in h200.root.glob("sys/devices/pci*/*/config")
-                    if "06.0" in str(p)] or [None]
+        configs: list[Path | None] = [p for p in h200.root.glob("sys/devices/pci*/*/config")
+                                      if "06.0" in str(p)]
+        [config] = configs or [None]
         if config is not None:
             config.unlink()
             os.mknod(config, 0o600 | stat.S_IFBLK, os.makedev(major, minor))

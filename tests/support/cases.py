@@ -41,7 +41,9 @@ from tests.support.sysroot import CAPTURES, Sysroot, extract_capture
 
 #: Makes the starting tree of a case in a directory: a real capture, or a generated host.
 Base = Callable[[Path], Sysroot]
-Plant = Callable[[Sysroot], None]
+#: Plants a problem into a case's tree; what it returns (some give the findings they
+#: expect, for their own tests) is not used.
+Plant = Callable[[Sysroot], object]
 
 
 def capture(name: str) -> Base:

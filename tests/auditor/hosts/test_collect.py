@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from auditor.errors import CollectError
 from auditor.hosts import DirectoryHost
 from auditor.hosts.archive import ArchiveHost
-from auditor.hosts.collect import CollectError, collect_tar, parse_output, remote_command
+from auditor.hosts.collect import collect_tar, parse_output, remote_command
 from auditor.registry import collected_paths, load_checks
 from auditor.shipped import collector_script
 from tests.support.sysroot import Sysroot
@@ -100,7 +101,7 @@ def test_pci_device_link_and_target_are_kept(h200: Sysroot) -> None:
     target = os.path.normpath(os.path.join(f"{base}/sys/bus/pci/devices", str(link[1])))
     config = found[f"{target}/config"]
     assert config[3] == h200.path("/sys/bus/pci/devices/0000:00:06.0/config").read_bytes()
-    assert len(config[3]) == 4096  # type: ignore[arg-type]
+    assert len(config[3]) == 4096
     # Exactly the matches: nothing else from the device directory came along.
     assert not [name for name in found if name.startswith(f"{target}/") and
                 name != f"{target}/config"]
@@ -270,7 +271,7 @@ def test_collector_script_runs_on_python_3_6() -> None:
     assert imported <= set(sys.stdlib_module_names)
     namespace: dict[str, object] = {"__name__": "collector"}
     exec(compile(source, "collector", "exec"), namespace)
-    assert namespace["Tree"].__module__ == "collector"  # type: ignore[attr-defined]
+    assert namespace["Tree"].__module__ == "collector"
 
 
 @pytest.mark.parametrize("garbage", [

@@ -6,6 +6,7 @@ import errno
 import os
 import stat
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -116,12 +117,14 @@ def test_a_directory_swapped_for_a_symlink_never_leads_out(
 
     thread = threading.Thread(target=swap, daemon=True)
     thread.start()
-    seen = set()
+    seen: set[bytes | None] = set()
     try:
         with Tree(str(root), use_openat2=mode) as tree:
+            reads: tuple[Callable[[], bytes | None], ...] = (
+                lambda: tree.read("/etc/sub/file", 100),
+                lambda: tree.read_file(b"/etc/sub", b"file", 100))
             for _ in range(3000):
-                for read in (lambda: tree.read("/etc/sub/file", 100),
-                             lambda: tree.read_file(b"/etc/sub", b"file", 100)):
+                for read in reads:
                     try:
                         seen.add(read())
                     except OSError:

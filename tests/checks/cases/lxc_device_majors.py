@@ -1,6 +1,8 @@
 """lxc.device_majors: the real capture, a Proxmox VE 9 node with seven GPU container layouts,
 plain LXC and Incus, and an audit run inside a container."""
 
+from typing import Any
+
 from auditor.model import Status
 from tests.support.cases import Base, Case, built
 from tests.support.hostgen.containers import LxcSpec, PveSpec, build_lxc_host, build_pve9
@@ -17,12 +19,14 @@ def current(root: Sysroot) -> None:
 
 def pve(**flags: bool) -> Base:
     name = "pve9-" + "-".join(sorted(flags)) if flags else "pve9"
-    return built(lambda: build_pve9(PveSpec(**flags)), name)
+    fields: dict[str, Any] = dict(flags)  # the spec's other fields are not all bool
+    return built(lambda: build_pve9(PveSpec(**fields)), name)
 
 
 def lxc(**flags: bool) -> Base:
     name = "lxc-" + "-".join(sorted(flags)) if flags else "lxc"
-    return built(lambda: build_lxc_host(LxcSpec(**flags)), name)
+    fields: dict[str, Any] = dict(flags)  # the spec's other fields are not all bool
+    return built(lambda: build_lxc_host(LxcSpec(**fields)), name)
 
 
 CASES = [

@@ -55,6 +55,11 @@ def slurmd_unit(root: Sysroot) -> None:
                "LimitMEMLOCK=infinity\nLimitSTACK=infinity\nDelegate=yes\n")
 
 
+def slurm_node(root: Sysroot) -> None:
+    logins_unlimited(root)
+    slurmd_unit(root)
+
+
 def docker_without_ulimits(root: Sysroot) -> None:
     logins_unlimited(root)
     root.write("/usr/bin/dockerd", "#!/bin/false\n")
@@ -94,7 +99,7 @@ CASES = [
     Case("DefaultLimitMEMLOCK=infinity in system.conf.d", Status.PASS, vllm_default_unlimited,
          base=base(grace_blackwell, "gb200")),
     Case("SUSE Slurm node: slurmd.service with LimitMEMLOCK=infinity, logins unlimited",
-         Status.PASS, lambda r: (logins_unlimited(r), slurmd_unit(r)) and None,
+         Status.PASS, slurm_node,
          base=base(suse_metal, "sles")),
     Case("DGX-class running Docker without default-ulimits", Status.WARN,
          docker_without_ulimits, base=base(dgx_class, "dgx"), fixed=True),

@@ -23,8 +23,12 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tests.support.hostgen.base import Tree, pcie_config, sysfs_common
+
+if TYPE_CHECKING:
+    from tests.support.cases import Base
 
 H100 = 0x2330
 RTX_PRO_6000 = 0x2BB5
@@ -541,7 +545,7 @@ def build_driver_host(spec: DriverSpec | None = None) -> Tree:
 
 
 def driver_host(spec: DriverSpec | None = None, plant: Callable[[Tree], None] | None = None
-                ) -> Callable[[Path], object]:
+                ) -> Base:
     """Return a case ``base``: write the node (and a planted change) to a directory."""
     from tests.support.sysroot import Sysroot
 

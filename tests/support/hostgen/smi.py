@@ -22,7 +22,12 @@ Each GPU is a :class:`SmiGpu`; its fields are the problems a case plants.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 from xml.sax.saxutils import escape
+
+if TYPE_CHECKING:
+    from tests.support.cases import Plant
+    from tests.support.sysroot import Sysroot
 
 BRANCH_DRIVERS = {"470": "470.256.02", "535": "535.230.02", "550": "550.144.03",
                   "580": "580.159.04"}
@@ -96,7 +101,8 @@ def _gpu(gpu: SmiGpu, branch: str) -> str:
     if b >= 575:
         out.append(_e("gpu_recovery_action", gpu.recovery, 2))
     domain, bus, rest = gpu.bus_id.split(":")
-    link = [("max_link_gen", gpu.gen[1]), ("current_link_gen", gpu.gen[0])]
+    link: list[tuple[str, object]] = [("max_link_gen", gpu.gen[1]),
+                                      ("current_link_gen", gpu.gen[0])]
     if b >= 535:
         link += [("device_current_link_gen", gpu.gen[0]), ("max_device_link_gen", gpu.gen[2]),
                  ("max_host_link_gen", "N/A" if b >= 580 else gpu.gen[1])]
@@ -260,54 +266,53 @@ def rtx(**changes: object) -> SmiGpu:
 
 
 def plant_smi(branch: str = "580", gpus: list[SmiGpu] | None = None,
-              status: str = "exit 0\n") -> object:
+              status: str = "exit 0\n") -> Plant:
     """Return a case's ``plant``: write ``host-auditor/nvidia-smi.xml`` (and its status)."""
-    def plant(root: object) -> None:
-        write = root.write  # type: ignore[attr-defined]
-        write("/host-auditor/nvidia-smi.xml", smi_xml(branch, gpus))
-        write("/host-auditor/nvidia-smi.status", status)
+    def plant(root: Sysroot) -> None:
+        root.write("/host-auditor/nvidia-smi.xml", smi_xml(branch, gpus))
+        root.write("/host-auditor/nvidia-smi.status", status)
 
     plant.__name__ = f"smi-{branch}"
     return plant
 
 
-def plant_status(text: str) -> object:
+def plant_status(text: str) -> Plant:
     """Return a case's ``plant``: nvidia-smi failed, only its status file is there."""
-    def plant(root: object) -> None:
-        root.write("/host-auditor/nvidia-smi.status", text)  # type: ignore[attr-defined]
+    def plant(root: Sysroot) -> None:
+        root.write("/host-auditor/nvidia-smi.status", text)
 
     plant.__name__ = "smi-status"
     return plant
 
 
-def plant_nvml(document: dict[str, object]) -> object:
+def plant_nvml(document: dict[str, object]) -> Plant:
     """Return a case's ``plant``: write ``host-auditor/nvml.json`` as the NVML child would."""
     import json
 
-    def plant(root: object) -> None:
-        root.write("/host-auditor/nvml.json",  # type: ignore[attr-defined]
+    def plant(root: Sysroot) -> None:
+        root.write("/host-auditor/nvml.json",
                    json.dumps(document, sort_keys=True) + "\n")
 
     plant.__name__ = "nvml"
     return plant
 
 
-def plant_kmsg(*lines: str) -> object:
+def plant_kmsg(*lines: str) -> Plant:
     """Return a case's ``plant``: the kernel log's NVIDIA lines (``/dev/kmsg`` records)."""
-    def plant(root: object) -> None:
+    def plant(root: Sysroot) -> None:
         text = "".join(f"4,{1000 + i},{5_000_000 + i * 1000},-;{line}\n"
                        for i, line in enumerate(lines))
-        root.write("/host-auditor/kmsg", text)  # type: ignore[attr-defined]
+        root.write("/host-auditor/kmsg", text)
 
     plant.__name__ = "kmsg"
     return plant
 
 
-def both(*plants: object) -> object:
+def both(*plants: Plant) -> Plant:
     """Return a plant that runs several in order."""
-    def plant(root: object) -> None:
+    def plant(root: Sysroot) -> None:
         for one in plants:
-            one(root)  # type: ignore[operator]
+            one(root)
 
     plant.__name__ = "+".join(getattr(p, "__name__", "plant") for p in plants)
     return plant
