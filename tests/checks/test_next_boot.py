@@ -29,7 +29,7 @@ from auditor.hosts import DirectoryHost
 from auditor.model import Finding, Status
 from auditor.policy import load_policy
 from auditor.remediations.boot import boot_remedy
-from auditor.remedy import AppendLine, FixContext, ReplaceLine, WriteFile
+from auditor.remedy import AppendLine, FixContext, ReplaceLine, SetValue, WriteFile
 from auditor.runner import audit
 from tests.support.hostgen.platforms import (
     BOOTED_TOKENS,
@@ -185,7 +185,8 @@ def test_a_boot_value_already_0_is_not_written_again(tmp_path: Path) -> None:
     assert dict(finding.evidence)["boot_source"] == "/etc/sysctl.d/95-numa.conf:1"
     [remedy] = NumaBalancing().remediate(host, [finding], _context())
     assert remedy.persistent == ()  # neither 10-numa.conf rewritten nor a drop-in
-    assert [s.path for s in remedy.runtime] == ["/proc/sys/kernel/numa_balancing"]
+    [runtime] = remedy.runtime
+    assert isinstance(runtime, SetValue) and runtime.path == "/proc/sys/kernel/numa_balancing"
     assert any("sets 0 already" in n for n in remedy.notes)
 
 
