@@ -23,13 +23,8 @@ from auditor.checks.lib.lxc_config import (
     parse_device_rule,
     parse_proc_devices,
 )
-from auditor.checks.lxc_device_majors import (
-    LxcDeviceMajors,
-    Rule,
-    allows,
-    bpf_allows,
-    node_driver,
-)
+from auditor.checks.lib.lxc_devices import Rule, allows, bpf_allows, node_driver
+from auditor.checks.lxc_device_majors import LxcDeviceMajors
 from auditor.hosts import DirectoryHost
 from auditor.hosts.archive import ArchiveHost
 from auditor.hosts.base import Host
