@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 from auditor import environment
 from auditor.check import Check, CheckOptions, Trigger
-from auditor.checks.lib import bootloader, pci, pcicmdline
+from auditor.checks.lib import bootloader, pci, pcicmdline, pciconfig
 from auditor.checks.lib.gpupath import (
     CMDLINE,
     NODE_READS,
@@ -56,8 +56,8 @@ IOMMU_CLASS = "/sys/class/iommu"
 XGMI_HIVE = "/sys/bus/pci/devices/*/xgmi_hive_info/xgmi_hive_id"
 REGISTER = "ECAP_ACS+06.w"
 #: R, C and E cleared, every other bit of ACS Control kept (value:mask for setpci).
-CLEAR_VALUE, CLEAR_MASK = "0000", f"{pci.ACS_REDIRECT_BITS:04x}"
-_REDIRECT = pci.ACS_REQUEST_REDIRECT | pci.ACS_COMPLETION_REDIRECT
+CLEAR_VALUE, CLEAR_MASK = "0000", f"{pciconfig.ACS_REDIRECT_BITS:04x}"
+_REDIRECT = pciconfig.ACS_REQUEST_REDIRECT | pciconfig.ACS_COMPLETION_REDIRECT
 #: 6.11 and 6.12 fail to parse a list of several devices (fixed by "PCI/ACS: Fix
 #: 'pci=config_acs=' parameter", which touches both parameters).
 _PARSE_BUG = ((6, 11), (6, 13))
@@ -82,13 +82,13 @@ def _cover(tokens: Sequence[str], device: pci.PciDevice, control: int) -> _Cover
     stopped |= stop
     if hit:
         clears, source = True, "pci=disable_acs_redir="
-        control &= ~pci.ACS_REDIRECT_BITS
+        control &= ~pciconfig.ACS_REDIRECT_BITS
     config = pcicmdline.last_option(options, "config_acs")
     hit, bits, stop = pcicmdline.match_list(config, device.address, ancestors, ids, flags=True)
     stopped |= stop
     if hit:
         after = pcicmdline.config_acs_effect(bits, control)
-        clears = not after & pci.ACS_REDIRECT_BITS
+        clears = not after & pciconfig.ACS_REDIRECT_BITS
         source = "pci=config_acs="
     return _Cover(clears, source, stopped)
 
@@ -181,12 +181,12 @@ class PcieAcs(Check[CheckOptions]):
                 findings.append(self.skipped(bridge, "port: its config space cannot be read"))
                 continue
             try:
-                acs = pci.decode_acs(config)
-                cap = pci.decode_pcie_capability(config)
-            except pci.NeedsRoot:
+                acs = pciconfig.decode_acs(config)
+                cap = pciconfig.decode_pcie_capability(config)
+            except pciconfig.NeedsRoot:
                 needs_root.append(bridge)
                 continue
-            except pci.ConfigSpaceError as exc:
+            except pciconfig.ConfigSpaceError as exc:
                 findings.append(self.skipped(bridge, f"port: {exc}"))
                 continue
             below_gpus = [a for a in targets if a in gpus]
@@ -206,13 +206,13 @@ class PcieAcs(Check[CheckOptions]):
             later = _cover(nxt.tokens, device, acs.control) if nxt.known else cover
             pending = later.clears and not cover.clears
             ev.update(acs_offset=f"{acs.offset:#x}", acs_ctl=f"{acs.control:#06x}",
-                      acs_cap=f"{acs.capability:#06x}", acs_flags=pci.acs_flags(acs.control),
+                      acs_cap=f"{acs.capability:#06x}", acs_flags=pciconfig.acs_flags(acs.control),
                       cmdline=cover.source, **nxt.evidence())
             if pending:
                 ev["next_boot_cover"] = later.source
             waiting = (f" {later.source} in the next boot's line ({nxt.describe()}) covers "
                        "this port: pending a reboot." if pending else "")
-            set_names = pci.acs_set_names(acs.redirect)
+            set_names = pciconfig.acs_set_names(acs.redirect)
             whom = (f"{len(below_gpus)} GPU(s)" if below_gpus else "") + (
                 (" and " if below_gpus and below_nics else "")
                 + (f"{len(below_nics)} RDMA NIC(s)" if below_nics else ""))
@@ -276,7 +276,7 @@ class PcieAcs(Check[CheckOptions]):
                     observed="cleared at runtime", expected="cleared by the command line",
                     evidence={**ev, "problem": "runtime-only"}))
             else:
-                kept = pci.acs_set_names(acs.control)
+                kept = pciconfig.acs_set_names(acs.control)
                 findings.append(self.passed(
                     bridge,
                     f"{port} does not redirect peer traffic (ACSCtl {acs.control:#06x}"

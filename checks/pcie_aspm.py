@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from auditor import environment
 from auditor.check import Check, CheckOptions, Trigger
-from auditor.checks.lib import pci
+from auditor.checks.lib import pci, pciconfig
 from auditor.checks.lib.gpupath import CMDLINE, cmdline_tokens, params, short_list
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity
@@ -167,13 +167,13 @@ class PcieAspm(Check[CheckOptions]):
         for end in (lower, upper):
             config = pci.read_config(host, end)
             try:
-                cap = pci.decode_pcie_capability(config) if config else None
-            except pci.NeedsRoot:
+                cap = pciconfig.decode_pcie_capability(config) if config else None
+            except pciconfig.NeedsRoot:
                 yield self.skipped(lower, f"pcie_aspm=off: the kernel leaves firmware's ASPM "
                                    f"setting on the {what} {lower} - {upper}; reading it from "
                                    "Link Control needs root", evidence=ev)
                 return
-            except pci.ConfigSpaceError as exc:
+            except pciconfig.ConfigSpaceError as exc:
                 yield self.skipped(lower, f"{end}: {exc}", evidence=ev)
                 return
             if cap is not None and cap.link_control & 0x3:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from auditor import environment
 from auditor.check import Check, CheckOptions, option
-from auditor.checks.lib import pci
+from auditor.checks.lib import pci, pciconfig
 from auditor.checks.lib.gpupath import PEER_READS, peers
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity
@@ -163,8 +163,8 @@ class PcieBar1(Check[Bar1Options]):
         if not supported:
             config = pci.read_config(host, device.address)
             try:
-                entries = pci.decode_rebar(config) if config else []
-            except pci.ConfigSpaceError:
+                entries = pciconfig.decode_rebar(config) if config else []
+            except pciconfig.ConfigSpaceError:
                 entries = []
             for entry in entries:
                 if entry.bar == bar:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from auditor import environment
 from auditor.check import Check, CheckOptions, Trigger, option
-from auditor.checks.lib import pci
+from auditor.checks.lib import pci, pciconfig
 from auditor.checks.lib.gpupath import NODE_READS, nvlink_c2c
 from auditor.hosts.base import Host
 from auditor.model import Finding, Severity, Status
@@ -154,7 +154,7 @@ class PcieMrrs(Check[MrrsOptions]):
         findings: list[Finding] = []
         counts: dict[_NotJudged, int] = dict.fromkeys(_NotJudged, 0)
         candidates = 0
-        ports: dict[str, pci.PcieCapability | None] = {}
+        ports: dict[str, pciconfig.PcieCapability | None] = {}
         for address in pci.pci_addresses(host):
             # The inventory's sysfs class and ids first (read once for every check); where
             # sysfs has none, the config header's. Config space is read only for the
@@ -225,19 +225,19 @@ class PcieMrrs(Check[MrrsOptions]):
         return subsystem == QEMU_SUBSYSTEM
 
     @staticmethod
-    def _port(host: Host, address: str, ports: dict[str, pci.PcieCapability | None]
-              ) -> pci.PcieCapability | None:
+    def _port(host: Host, address: str, ports: dict[str, pciconfig.PcieCapability | None]
+              ) -> pciconfig.PcieCapability | None:
         """Return a port's decoded PCI Express capability, read once per audit."""
         if address not in ports:
             config = pci.read_config(host, address)
             try:
-                ports[address] = pci.decode_pcie_capability(config) if config else None
-            except pci.ConfigSpaceError:
+                ports[address] = pciconfig.decode_pcie_capability(config) if config else None
+            except pciconfig.ConfigSpaceError:
                 ports[address] = None
         return ports[address]
 
     def _judge_path(self, host: Host, device: pci.PciDevice, own: Finding,
-                    ports: dict[str, pci.PcieCapability | None]) -> Iterator[Finding]:
+                    ports: dict[str, pciconfig.PcieCapability | None]) -> Iterator[Finding]:
         """Warn on the device for each uplink above it that trained below what it supports.
 
         A link's capability is the lesser of its two ends' Link Capabilities: a Gen4 switch
@@ -256,12 +256,12 @@ class PcieMrrs(Check[MrrsOptions]):
             if lower.link_width and width and lower.link_width < width:
                 problems.append(f"x{lower.link_width} of x{width}")
             if lower.link_speed and speed and lower.link_speed < speed:
-                problems.append(f"{pci.link_speed_name(lower.link_speed)} of "
-                                f"{pci.link_speed_name(speed)}")
+                problems.append(f"{pciconfig.link_speed_name(lower.link_speed)} of "
+                                f"{pciconfig.link_speed_name(speed)}")
             if not problems:
                 continue
-            now = f"{pci.link_speed_name(lower.link_speed)} x{lower.link_width}"
-            best = f"{pci.link_speed_name(speed)} x{width}"
+            now = f"{pciconfig.link_speed_name(lower.link_speed)} x{lower.link_width}"
+            best = f"{pciconfig.link_speed_name(speed)} x{width}"
             yield self.warned(
                 device.address,
                 f"{what}: the uplink of {lower.port_type_name} {child} to {parent} trained to "
@@ -287,8 +287,8 @@ class PcieMrrs(Check[MrrsOptions]):
             return [self.skipped(address, f"{what}: its config space cannot be read",
                                  evidence=evidence)]
         try:
-            cap = pci.decode_pcie_capability(config)
-        except pci.NeedsRoot:
+            cap = pciconfig.decode_pcie_capability(config)
+        except pciconfig.NeedsRoot:
             if env.in_container:
                 # Root in a container lacks CAP_SYS_ADMIN in the initial user namespace,
                 # which the kernel asks before returning more than 64 bytes.
@@ -303,14 +303,14 @@ class PcieMrrs(Check[MrrsOptions]):
                 address, f"{what}: the PCI Express capability was not read (needs root: {why})",
                 evidence=evidence,
             )]
-        except pci.ConfigSpaceError as exc:
+        except pciconfig.ConfigSpaceError as exc:
             return [self.skipped(address, f"{what}: {exc}", evidence=evidence)]
         if cap is None:
             return _NOT_PCIE
         if not cap.is_endpoint:
             # Bridges, root ports and switch ports forward requests; their MaxReadReq is unused.
             return _NOT_ENDPOINT
-        speed, max_speed = pci.link_speed_name(cap.link_speed), pci.link_speed_name(
+        speed, max_speed = pciconfig.link_speed_name(cap.link_speed), pciconfig.link_speed_name(
             cap.max_link_speed
         )
         evidence.update(
@@ -352,20 +352,20 @@ class PcieMrrs(Check[MrrsOptions]):
                                            upstream)]
 
     @staticmethod
-    def _upstream(host: Host, device: pci.PciDevice) -> pci.PcieCapability | None:
+    def _upstream(host: Host, device: pci.PciDevice) -> pciconfig.PcieCapability | None:
         """Return the PCI Express capability of the port above the device, if readable."""
         above = device.ancestors()
         if not above:
             return None
         config = pci.read_config(host, above[0])
         try:
-            return pci.decode_pcie_capability(config) if config else None
-        except pci.ConfigSpaceError:
+            return pciconfig.decode_pcie_capability(config) if config else None
+        except pciconfig.ConfigSpaceError:
             return None
 
     def _judge_link(
-        self, address: str, what: str, class_code: int, cap: pci.PcieCapability, link: str,
-        evidence: dict[str, str], upstream: pci.PcieCapability | None = None,
+        self, address: str, what: str, class_code: int, cap: pciconfig.PcieCapability, link: str,
+        evidence: dict[str, str], upstream: pciconfig.PcieCapability | None = None,
     ) -> Iterator[Finding]:
         # A downtrained link is a warning, not a failure: software cannot fix it (it wants a
         # reseat, a riser or a BIOS bifurcation change), and fix scripts act on failures.
@@ -379,7 +379,7 @@ class PcieMrrs(Check[MrrsOptions]):
                 capped = f"; the port above supports x{width}"
             if upstream.max_link_speed and speed and upstream.max_link_speed < speed:
                 speed = upstream.max_link_speed
-                capped += f"; the port above supports {pci.link_speed_name(speed)}"
+                capped += f"; the port above supports {pciconfig.link_speed_name(speed)}"
         problems: list[str] = []
         if cap.link_width and width and cap.link_width < width:
             problems.append(f"trained to x{cap.link_width} of x{width} lanes")
@@ -391,15 +391,15 @@ class PcieMrrs(Check[MrrsOptions]):
             and cap.link_speed < speed
         ):
             problems.append(
-                f"running at {pci.link_speed_name(cap.link_speed)} of "
-                f"{pci.link_speed_name(speed)}"
+                f"running at {pciconfig.link_speed_name(cap.link_speed)} of "
+                f"{pciconfig.link_speed_name(speed)}"
             )
         if problems:
             yield self.warned(
                 address,
                 f"{what}: PCIe link {' and '.join(problems)}; {link}{capped}",
-                observed=f"{pci.link_speed_name(cap.link_speed)} x{cap.link_width}",
-                expected=f"{pci.link_speed_name(speed)} x{width}",
+                observed=f"{pciconfig.link_speed_name(cap.link_speed)} x{cap.link_width}",
+                expected=f"{pciconfig.link_speed_name(speed)} x{width}",
                 evidence={**evidence, "problem": "link"}, aspect="link",
             )
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from auditor.checks.lib import nvidia, pci
+from auditor.checks.lib import nvidia, pci, pciconfig
 from auditor.environment import environment
 from auditor.hosts.archive import ArchiveHost
 from tests.support.sysroot import FIXTURES
@@ -83,7 +83,7 @@ def test_the_link_read_from_config_space_is_the_one_the_driver_reports(
     address = nvidia.gpus(host)[0].address
     config = pci.read_config(host, address)
     assert config is not None
-    cap = pci.decode_pcie_capability(config)
+    cap = pciconfig.decode_pcie_capability(config)
     assert cap is not None
     generation = {1: "1", 2: "2", 3: "3", 4: "4", 5: "5"}
     after = "GPU Link Info"

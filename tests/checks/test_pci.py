@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from auditor.checks.lib import pci
+from auditor.checks.lib import pci, pciconfig
 from auditor.hosts import DirectoryHost
 from tests.support.hostgen.base import Tree
 from tests.support.hostgen.classes import dgx_h100, grace_hopper, kvm_guest, mi300x, pcie_box
@@ -40,16 +40,16 @@ def test_extended_capabilities_and_their_decoding_agree_with_lspci(generated: Pa
     for address, seen in decoded.items():
         config = pci.read_config(host, address)
         assert config is not None and len(config) == 4096
-        caps = pci.extended_capabilities(config)
+        caps = pciconfig.extended_capabilities(config)
         assert {c.offset: ECAP_NAMES[c.id] for c in caps} == seen.extended, address
-        acs = pci.decode_acs(config)
+        acs = pciconfig.decode_acs(config)
         if acs is None:
             assert not seen.acs_ctl
         else:
-            assert pci.acs_flags(acs.control) == seen.acs_ctl, address
-            assert pci.acs_flags(acs.capability) == seen.acs_cap, address
+            assert pciconfig.acs_flags(acs.control) == seen.acs_ctl, address
+            assert pciconfig.acs_flags(acs.capability) == seen.acs_cap, address
             judged += 1
-        for entry in pci.decode_rebar(config):
+        for entry in pciconfig.decode_rebar(config):
             current, supported = seen.rebar[entry.bar]
             assert current == _lspci_size(entry.current_mib)
             assert supported == tuple(_lspci_size(s) for s in entry.supported_mib)
@@ -91,10 +91,10 @@ def _config(*entries: tuple[int, int, int], size: int = 4096) -> bytes:
 
 def test_walk_follows_pointers_wherever_they_lead() -> None:
     config = _config((0x100, 0x0000, 0x400), (0x400, 0x000D, 0x200), (0x200, 0x0001, 0))
-    assert [(c.offset, c.id) for c in pci.extended_capabilities(config)] == [
+    assert [(c.offset, c.id) for c in pciconfig.extended_capabilities(config)] == [
         (0x100, 0x0000), (0x400, 0x000D), (0x200, 0x0001)]
-    assert pci.find_extended_capability(config, pci.EXT_CAP_ID_ACS) == 0x400
-    assert pci.find_extended_capability(config, pci.EXT_CAP_ID_REBAR) is None
+    assert pciconfig.find_extended_capability(config, pciconfig.EXT_CAP_ID_ACS) == 0x400
+    assert pciconfig.find_extended_capability(config, pciconfig.EXT_CAP_ID_REBAR) is None
 
 
 @pytest.mark.parametrize(("config", "message"), [
@@ -103,34 +103,34 @@ def test_walk_follows_pointers_wherever_they_lead() -> None:
     (_config((0x100, 0x0001, 0x200), size=0x180), "past the 384 bytes read"),
 ])
 def test_walk_refuses_loops_and_short_reads(config: bytes, message: str) -> None:
-    with pytest.raises(pci.ConfigSpaceError, match=message):
-        pci.extended_capabilities(config)
+    with pytest.raises(pciconfig.ConfigSpaceError, match=message):
+        pciconfig.extended_capabilities(config)
 
 
 def test_walk_ends_where_the_kernel_ends_it() -> None:
-    assert pci.extended_capabilities(bytes(4096)) == []  # no extended capabilities
-    assert pci.extended_capabilities(b"\xff" * 4096) == []  # config space reads all ones
-    assert pci.extended_capabilities(bytes(256)) == []  # no extended config space at all
+    assert pciconfig.extended_capabilities(bytes(4096)) == []  # no extended capabilities
+    assert pciconfig.extended_capabilities(b"\xff" * 4096) == []  # config space reads all ones
+    assert pciconfig.extended_capabilities(bytes(256)) == []  # no extended config space at all
     # A next pointer back into the first 256 bytes ends the list.
-    assert len(pci.extended_capabilities(_config((0x100, 0x0001, 0x0FC)))) == 1
-    with pytest.raises(pci.NeedsRoot):
-        pci.extended_capabilities(bytes(64))
+    assert len(pciconfig.extended_capabilities(_config((0x100, 0x0001, 0x0FC)))) == 1
+    with pytest.raises(pciconfig.NeedsRoot):
+        pciconfig.extended_capabilities(bytes(64))
 
 
 def test_a_longest_possible_chain_is_walked_and_bounded() -> None:
     offsets = list(range(0x100, 0x1000, 8))
     entries = [(o, 0x0000, offsets[i + 1] if i + 1 < len(offsets) else 0)
                for i, o in enumerate(offsets)]
-    assert len(pci.extended_capabilities(_config(*entries))) == len(offsets) == 480
+    assert len(pciconfig.extended_capabilities(_config(*entries))) == len(offsets) == 480
 
 
 def test_rebar_decoding_refuses_an_impossible_bar_count() -> None:
     cfg = bytearray(_config((0x100, 0x0015, 0)))
     struct.pack_into("<II", cfg, 0x104, 0x10 << 4, 7 << 5)
-    with pytest.raises(pci.ConfigSpaceError, match="lists 7 BARs"):
-        pci.decode_rebar(bytes(cfg))
+    with pytest.raises(pciconfig.ConfigSpaceError, match="lists 7 BARs"):
+        pciconfig.decode_rebar(bytes(cfg))
     struct.pack_into("<II", cfg, 0x104, 0x3 << 4 | 1 << 31, 1 | 1 << 5 | 3 << 8 | 1 << 16)
-    [entry] = pci.decode_rebar(bytes(cfg))
+    [entry] = pciconfig.decode_rebar(bytes(cfg))
     assert (entry.bar, entry.current_mib) == (1, 8)
     assert entry.supported_mib == (1, 2, 1 << 27, 1 << 28)
 

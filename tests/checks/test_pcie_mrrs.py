@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from auditor.checks.lib import pci
+from auditor.checks.lib import pci, pciconfig
 from auditor.checks.pcie_mrrs import PcieMrrs, mrrs_setpci_value
 from auditor.cli import main
 from auditor.errors import PolicyError
@@ -523,27 +523,27 @@ def test_find_capability_walks_to_the_express_capability_wherever_it_is() -> Non
     config[0xC8:0xCA] = bytes([0x01, 0x50])  # PM -> 0x50
     config[0x50:0x52] = bytes([0x05, 0xE0])  # MSI -> 0xe0
     config[0xE0:0xE2] = bytes([0x10, 0x00])  # Express, end
-    assert pci.find_capability(bytes(config), pci.CAP_ID_PCIE) == 0xE0
-    assert pci.find_capability(bytes(config), 0x11) is None
+    assert pciconfig.find_capability(bytes(config), pciconfig.CAP_ID_PCIE) == 0xE0
+    assert pciconfig.find_capability(bytes(config), 0x11) is None
     # The low two bits of a pointer are reserved and masked off.
     config[0x34] = 0xCB
-    assert pci.find_capability(bytes(config), pci.CAP_ID_PCIE) == 0xE0
+    assert pciconfig.find_capability(bytes(config), pciconfig.CAP_ID_PCIE) == 0xE0
 
 
 def test_find_capability_guards() -> None:
-    assert pci.find_capability(bytes(header(status=0)), pci.CAP_ID_PCIE) is None
+    assert pciconfig.find_capability(bytes(header(status=0)), pciconfig.CAP_ID_PCIE) is None
     looping = header()
     looping[0x40:0x42] = bytes([0x01, 0x40])
-    with pytest.raises(pci.ConfigSpaceError, match="loops"):
-        pci.find_capability(bytes(looping), pci.CAP_ID_PCIE)
-    with pytest.raises(pci.NeedsRoot):
-        pci.find_capability(bytes(header(size=64)), pci.CAP_ID_PCIE)
-    with pytest.raises(pci.ConfigSpaceError, match="past the 65 bytes"):
-        pci.find_capability(bytes(header(size=65)), pci.CAP_ID_PCIE)
-    with pytest.raises(pci.ConfigSpaceError, match="outside"):
-        pci.find_capability(bytes(header(pointer=0x3C)), pci.CAP_ID_PCIE)
-    with pytest.raises(pci.ConfigSpaceError, match="shorter"):
-        pci.find_capability(b"\xff" * 63, pci.CAP_ID_PCIE)
+    with pytest.raises(pciconfig.ConfigSpaceError, match="loops"):
+        pciconfig.find_capability(bytes(looping), pciconfig.CAP_ID_PCIE)
+    with pytest.raises(pciconfig.NeedsRoot):
+        pciconfig.find_capability(bytes(header(size=64)), pciconfig.CAP_ID_PCIE)
+    with pytest.raises(pciconfig.ConfigSpaceError, match="past the 65 bytes"):
+        pciconfig.find_capability(bytes(header(size=65)), pciconfig.CAP_ID_PCIE)
+    with pytest.raises(pciconfig.ConfigSpaceError, match="outside"):
+        pciconfig.find_capability(bytes(header(pointer=0x3C)), pciconfig.CAP_ID_PCIE)
+    with pytest.raises(pciconfig.ConfigSpaceError, match="shorter"):
+        pciconfig.find_capability(b"\xff" * 63, pciconfig.CAP_ID_PCIE)
 
 
 # -- the CLI, and the reads contract ---------------------------------------------------------

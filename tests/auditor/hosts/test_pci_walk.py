@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from auditor.checks.lib.pci import (
+from auditor.checks.lib.pciconfig import (
     ConfigSpaceError,
     NeedsRoot,
     find_capability,
