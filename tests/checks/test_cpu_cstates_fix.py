@@ -7,12 +7,12 @@ import subprocess
 from pathlib import Path
 
 from auditor.render import render_fix
+from tests.support.factories import make_report
 from tests.support.fixkit import (
     assert_idempotent_and_reversible,
     fix_cycle,
     needs_root,
     plan_for,
-    report_of,
     write_scripts,
 )
 from tests.support.plant import grub_line, plant_cpufreq, plant_cstates, plant_grub
@@ -25,7 +25,7 @@ def test_deep_state_disabled_on_every_cpu_and_capped_at_boot(
 ) -> None:
     findings = plant_cstates(h200)
     plant_grub(h200)
-    _, fix, rollback, copy, before = fix_cycle(h200, tmp_path, report_of(findings))
+    _, fix, rollback, copy, before = fix_cycle(h200, tmp_path, make_report(findings))
     cpu = copy / "sys/devices/system/cpu"
     assert {(cpu / f"cpu{n}/cpuidle/state3/disable").read_text() for n in range(16)} == {"1\n"}
     assert {(cpu / f"cpu{n}/cpuidle/state1/disable").read_text() for n in range(16)} == {"0\n"}
@@ -41,7 +41,7 @@ def test_deep_state_disabled_on_every_cpu_and_capped_at_boot(
 def test_live_plan_refreshes_grub_only_after_a_change(h200: Sysroot, tmp_path: Path) -> None:
     findings = plant_cstates(h200)
     plant_grub(h200)
-    plan = dataclasses.replace(plan_for(h200, report_of(findings)), root="")
+    plan = dataclasses.replace(plan_for(h200, make_report(findings)), root="")
     fix, rollback = write_scripts(plan, tmp_path)
     boot = next(a for a in plan.actions if a.step.kind == "replace_line")
     assert f"run_after 0 {boot.id} update-grub" in fix.read_text()
@@ -51,7 +51,7 @@ def test_live_plan_refreshes_grub_only_after_a_change(h200: Sysroot, tmp_path: P
 
 def test_haltpoll_has_no_boot_parameter_so_a_unit_disables_the_state(virtio: Sysroot) -> None:
     findings = plant_cstates(virtio, driver="haltpoll")
-    plan = plan_for(virtio, report_of(findings))
+    plan = plan_for(virtio, make_report(findings))
     state, unit = [s for s in plan.sections if s.remedy.check == "cpu.cstates"]
     assert not state.remedy.boot_params and not unit.remedy.boot_params
     assert any("no boot parameter" in n for n in state.remedy.notes)
@@ -64,6 +64,6 @@ def test_haltpoll_has_no_boot_parameter_so_a_unit_disables_the_state(virtio: Sys
 
 def test_bash_n_on_every_rendering(h200: Sysroot, tmp_path: Path) -> None:
     findings = [*plant_cstates(h200), *plant_cpufreq(h200, "intel_pstate", epp=True)]
-    plan = plan_for(h200, report_of(findings))
+    plan = plan_for(h200, make_report(findings))
     write_scripts(dataclasses.replace(plan, root=""), tmp_path)
     subprocess.run(["bash", "-n", str(tmp_path / "fix.sh")], check=True)

@@ -4,12 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.support.fixkit import (
-    assert_idempotent_and_reversible,
-    fix_cycle,
-    needs_root,
-    report_of,
-)
+from tests.support.factories import make_report
+from tests.support.fixkit import assert_idempotent_and_reversible, fix_cycle, needs_root
 from tests.support.plant import CPUFREQ, grub_line, plant_cpufreq, plant_grub
 from tests.support.sysroot import Sysroot
 
@@ -20,7 +16,7 @@ def test_governors_set_to_performance_and_default_governor_on_cmdline(
 ) -> None:
     findings = plant_cpufreq(h200)
     plant_grub(h200)
-    _, fix, rollback, copy, before = fix_cycle(h200, tmp_path, report_of(findings))
+    _, fix, rollback, copy, before = fix_cycle(h200, tmp_path, make_report(findings))
     governors = {(copy / f"{CPUFREQ.lstrip('/')}/policy{n}/scaling_governor").read_text()
                  for n in range(16)}
     assert governors == {"performance\n"}
@@ -33,7 +29,7 @@ def test_governors_set_to_performance_and_default_governor_on_cmdline(
 @needs_root
 def test_intel_pstate_gets_epp_and_a_systemd_unit(h200: Sysroot, tmp_path: Path) -> None:
     findings = plant_cpufreq(h200, driver="intel_pstate", epp=True)
-    plan, fix, rollback, copy, before = fix_cycle(h200, tmp_path, report_of(findings))
+    plan, fix, rollback, copy, before = fix_cycle(h200, tmp_path, make_report(findings))
     policy = copy / CPUFREQ.lstrip("/") / "policy3"
     assert (policy / "energy_performance_preference").read_text() == "performance\n"
     assert (policy / "scaling_governor").read_text() == "performance\n"

@@ -4,21 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.support.fixkit import (
-    copy_tree,
-    plan_for,
-    report_of,
-    run,
-    tree_hash,
-    write_scripts,
-)
+from tests.support.factories import make_report
+from tests.support.fixkit import copy_tree, plan_for, run, tree_hash, write_scripts
 from tests.support.plant import plant_old_kernel
 from tests.support.sysroot import Sysroot
 
 
 def test_kernel_upgrade_is_commented_out_and_needs_reboot(h200: Sysroot, tmp_path: Path) -> None:
     findings = plant_old_kernel(h200)
-    plan = plan_for(h200, report_of(findings))
+    plan = plan_for(h200, make_report(findings))
     assert plan.reboot and not plan.actions
     fix, _ = write_scripts(plan, tmp_path)
     text = fix.read_text()
@@ -50,7 +44,7 @@ def test_pending_reboot_into_a_new_enough_kernel_is_advised_alone(h200: Sysroot)
 
     [finding] = plant_old_kernel(h200)
     pending = replace(finding, evidence=(*finding.evidence, ("installed_newer", "6.14.8-2-pve")))
-    [section] = plan_for(h200, report_of([pending])).sections
+    [section] = plan_for(h200, make_report([pending])).sections
     assert [a.argv for a in section.remedy.advice] == [()]
     assert "reboot into it" in section.remedy.advice[0].text
 
@@ -81,6 +75,6 @@ def test_a_held_kernel_is_released_in_the_advice(tmp_path: Path) -> None:
 
     findings = [f for f in KernelVersion.configured(as_of="2025-01-10").evaluate(
         DirectoryHost(str(root.root))) if f.subject == "kernel"]
-    [section] = plan_for(root, report_of(findings)).sections
+    [section] = plan_for(root, make_report(findings)).sections
     argvs = [a.argv for a in section.remedy.advice]
     assert ("apt-mark", "unhold", "linux-azure", "linux-image-6.5.0-1025-azure") in argvs

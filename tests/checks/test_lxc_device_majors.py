@@ -886,7 +886,8 @@ def test_hook_with_mig_devices_needs_the_caps_major(h200: Sysroot) -> None:
 
 
 def test_proxmox_container_running_with_its_last_starts_rules(h200: Sysroot) -> None:
-    from tests.support.fixkit import plan_for, report_of
+    from tests.support.factories import make_report
+    from tests.support.fixkit import plan_for
 
     h200.write("/etc/pve/lxc/101.conf", pve_config(UVM_NOW))
     h200.write("/var/lib/lxc/101/config", plain_config(STALE).replace("lxc.cgroup.",
@@ -900,7 +901,7 @@ def test_proxmox_container_running_with_its_last_starts_rules(h200: Sysroot) -> 
                "(/var/lib/lxc/101/config:6)" in f.message for f in findings)
     assert all("the config on disk needs no change" in f.message for f in findings)
     assert {dict(f.evidence)["view"] for f in findings} == {"running"}
-    plan = plan_for(h200, report_of(findings))
+    plan = plan_for(h200, make_report(findings))
     [section, _] = [s for s in plan.sections if s.remedy.check == "lxc.device_majors"]
     assert not section.actions
     assert section.remedy.advice[0].argv == ("pct", "reboot", "101")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tests.support.factories import make_report
 from tests.support.fixkit import (
     EVIL,
     assert_idempotent_and_reversible,
@@ -11,7 +12,6 @@ from tests.support.fixkit import (
     fix_cycle,
     needs_root,
     plan_for,
-    report_of,
     run,
     tree_hash,
     write_scripts,
@@ -23,7 +23,7 @@ from tests.support.sysroot import Sysroot
 @needs_root
 def test_stale_major_rewritten_in_main_section_only(h200: Sysroot, tmp_path: Path) -> None:
     findings = plant_lxc(h200)
-    _, fix, rollback, copy, before = fix_cycle(h200, tmp_path, report_of(findings))
+    _, fix, rollback, copy, before = fix_cycle(h200, tmp_path, make_report(findings))
     expected = LXC_CONFIG.replace("c 509:* rwm", "c 238:* rwm", 1)
     assert (copy / "etc/pve/lxc/101.conf").read_text() == expected
     assert expected.count("c 509:* rwm") == 1  # the snapshot section keeps its rule
@@ -39,7 +39,7 @@ def test_hostile_config_name_runs_nothing(h200: Sysroot, tmp_path: Path) -> None
     findings = plant_lxc(h200, path=name, container=f"1{EVIL}")
     work = tmp_path / "work"
     work.mkdir()
-    plan = plan_for(h200, report_of(findings))
+    plan = plan_for(h200, make_report(findings))
     fix, rollback = write_scripts(plan, tmp_path)
     copy = copy_tree(h200.root, tmp_path / "copy")
     before = tree_hash(copy)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.support.fixkit import assert_idempotent_and_reversible, fix_cycle, needs_root, report_of
+from tests.support.factories import make_report
+from tests.support.fixkit import assert_idempotent_and_reversible, fix_cycle, needs_root
 from tests.support.plant import GPU, mrrs, plant_mrrs, setpci
 from tests.support.sysroot import Sysroot
 
@@ -16,7 +17,7 @@ def test_mrrs_raised_to_4096_payload_untouched_and_kept_by_udev(
     findings = plant_mrrs(h200)
     assert mrrs(h200) == 512
     control_before = int(setpci(h200, "-s", GPU, "CAP_EXP+08.w"), 16)
-    plan, fix, rollback, copy, before = fix_cycle(h200, tmp_path, report_of(findings))
+    plan, fix, rollback, copy, before = fix_cycle(h200, tmp_path, make_report(findings))
     fixed = Sysroot(copy)
     assert mrrs(fixed) == 4096
     control_after = int(setpci(fixed, "-s", GPU, "CAP_EXP+08.w"), 16)
@@ -38,7 +39,7 @@ def test_a_subject_that_is_not_an_address_gets_no_step(h200: Sysroot) -> None:
 
     [finding] = plant_mrrs(h200)
     bad = replace(finding, subject="$(touch /tmp/x)")
-    assert not plan_for(h200, report_of([bad])).actions
+    assert not plan_for(h200, make_report([bad])).actions
 
 
 def test_a_downtrained_link_warning_gets_no_step(h200: Sysroot) -> None:
@@ -50,4 +51,4 @@ def test_a_downtrained_link_warning_gets_no_step(h200: Sysroot) -> None:
     [finding] = plant_mrrs(h200)
     link = replace(finding, status=Status.WARN,
                    evidence=(*finding.evidence, ("problem", "link")))
-    assert not plan_for(h200, report_of([link])).actions
+    assert not plan_for(h200, make_report([link])).actions

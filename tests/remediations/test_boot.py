@@ -7,12 +7,8 @@ from pathlib import Path
 from auditor.hosts import DirectoryHost
 from auditor.remediations.boot import boot_remedy, merge_params
 from auditor.remedy import AppendLine, ReplaceLine, RunCommand
-from tests.support.fixkit import (
-    assert_idempotent_and_reversible,
-    fix_cycle,
-    needs_root,
-    report_of,
-)
+from tests.support.factories import make_report
+from tests.support.fixkit import assert_idempotent_and_reversible, fix_cycle, needs_root
 from tests.support.plant import GRUB, plant_cstates
 from tests.support.sysroot import Sysroot
 
@@ -98,7 +94,7 @@ def test_kernel_cmdline_without_trailing_newline_round_trips(h200: Sysroot, tmp_
                                                              ) -> None:
     h200.write("/etc/kernel/cmdline", "root=/dev/sda1 ro")
     h200.write("/etc/kernel/proxmox-boot-uuids", "1234-ABCD\n")
-    _, fix, rollback, copy, before = fix_cycle(h200, tmp_path, report_of(plant_cstates(h200)))
+    _, fix, rollback, copy, before = fix_cycle(h200, tmp_path, make_report(plant_cstates(h200)))
     assert (copy / "etc/kernel/cmdline").read_text() == (
         "root=/dev/sda1 ro intel_idle.max_cstate=2\n")
     assert_idempotent_and_reversible(fix, rollback, copy, before)

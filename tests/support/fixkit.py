@@ -7,14 +7,13 @@ import os
 import shutil
 import stat
 import subprocess
-from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
 
 from auditor.fix import FixPlan, build_fix
 from auditor.hosts import DirectoryHost
-from auditor.model import Finding, Report, Status
+from auditor.model import Report, Status
 from auditor.policy import Policy, load_policy
 from auditor.registry import load_checks
 from auditor.render import render_fix
@@ -59,17 +58,6 @@ def audit_root(root: Path | Sysroot) -> Report:
     """Audit a sysroot directory with every registered check."""
     path = root.root if isinstance(root, Sysroot) else root
     return audit(DirectoryHost(str(path)), load_checks(), policy())
-
-
-def report_of(findings: Iterable[Finding], host: str = "gpu-h200-vm") -> Report:
-    """Wrap hand-built findings (to a check's contract) in a report."""
-    from auditor.model import CheckResult
-
-    by_check: dict[str, list[Finding]] = {}
-    for finding in findings:
-        by_check.setdefault(finding.check, []).append(finding)
-    results = tuple(CheckResult(c, 0.0, tuple(fs)) for c, fs in by_check.items())
-    return Report(host=host, target="sysroot", started="", duration_s=0.0, results=results)
 
 
 def plan_for(root: Sysroot, report: Report | None = None) -> FixPlan:
