@@ -8,5 +8,5 @@ standard library only (Python 3.6 and later), and is sent as source or run by it
 - ``nvml_child``: asks NVML in a child process, run by its path.
 - ``probe_agent``: the measurements of ``audit probe``, run by the target's ``python3``.
 
-``tests/auditor/test_shipped.py`` holds each of them to the standard library.
+``tests/auditor/shipped/test_standard_library.py`` holds each of them to the standard library.
 """

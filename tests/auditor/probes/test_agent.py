@@ -11,7 +11,7 @@ import pytest
 
 from auditor.probes import judge
 from auditor.shipped import probe_agent as agent
-from tests.probes.conftest import RunAgent
+from tests.auditor.probes.conftest import RunAgent
 
 
 def _alive(pid: int) -> bool:
