@@ -323,3 +323,25 @@ def _fleet_view(loaded: LoadedResults, golden: str | None) -> FleetView:
         statuses=statuses,
         skipped_hosts=skipped_hosts,
     )
+
+
+@dataclass(frozen=True)
+class TextView:
+    """What the text fleet report shows (templates/merge.txt.j2)."""
+
+    hosts: int
+    host_counts: dict[str, int]
+    skipped_hosts: int
+    checks: list[str]
+    check_counts: dict[str, dict[str, int]]
+    unreachable: list[tuple[str, str]]
+    #: (status, check, subject, how many hosts, the first hosts), worst first.
+    problems: list[tuple[str, str, str, int, list[str]]]
+    #: (fingerprint, how many hosts, the first hosts), largest groups first.
+    groups: list[tuple[str, int, list[str]]]
+    golden: str | None
+    compared: int
+    differ_total: int
+    differ: list[tuple[str, int, list[Any]]]
+    unreadable: list[Unreadable]
+    notes: list[str]

@@ -42,6 +42,7 @@ from typing import IO, Any, Literal, NamedTuple
 
 import msgspec
 
+from auditor.fleet import TextView
 from auditor.model import (
     FINGERPRINT_LENGTH,
     FINGERPRINT_VERSION,
@@ -1089,28 +1090,6 @@ def _dumps_indented(data: Any) -> str:
     import json
 
     return json.dumps(data, indent=1, ensure_ascii=False)
-
-
-@dataclass(frozen=True)
-class TextView:
-    """What the text fleet report shows (templates/merge.txt.j2)."""
-
-    hosts: int
-    host_counts: dict[str, int]
-    skipped_hosts: int
-    checks: list[str]
-    check_counts: dict[str, dict[str, int]]
-    unreachable: list[tuple[str, str]]
-    #: (status, check, subject, how many hosts, the first hosts), worst first.
-    problems: list[tuple[str, str, str, int, list[str]]]
-    #: (fingerprint, how many hosts, the first hosts), largest groups first.
-    groups: list[tuple[str, int, list[str]]]
-    golden: str | None
-    compared: int
-    differ_total: int
-    differ: list[tuple[str, int, list[Any]]]
-    unreadable: list[Unreadable]
-    notes: list[str]
 
 
 def text_view(merged: Merged) -> TextView:

@@ -30,8 +30,7 @@ if TYPE_CHECKING:
     import jinja2
 
     from auditor.fix import FixPlan
-    from auditor.fleet import FleetView
-    from auditor.merge import TextView
+    from auditor.fleet import FleetView, TextView
 
 #: Report formats; ``line`` and ``nfd`` are the engines' own (:mod:`auditor.engines`).
 FORMATS = ("text", "json", "markdown", "html", "junit", "prometheus", "line", "nfd", "nagios",
