@@ -99,7 +99,9 @@ def ansible(ssh_target: SshTarget, tmp_path_factory: pytest.TempPathFactory) -> 
                                     "-o StrictHostKeyChecking=yes -o ControlMaster=no"),
         "ansible_python_interpreter": "/usr/bin/python3",
     }}}}}}))
-    localhost = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    # Ansible's temporary directory on the controller stays in the run's directory.
+    localhost = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+                 "ansible_remote_tmp": str(workdir / "remote-tmp")}
     inventory_data = yaml.safe_load(inventory.read_text())
     inventory_data["all"]["hosts"] = {"localhost": localhost}
     inventory.write_text(yaml.safe_dump(inventory_data))
