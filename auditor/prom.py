@@ -15,6 +15,7 @@ counters from the findings' evidence (:data:`COUNTER_FAMILIES`), so alerts can u
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -73,6 +74,7 @@ COUNTER_FAMILIES: tuple[CounterFamily, ...] = (
 _COUNT = re.compile(r"[0-9]{1,20}")
 
 
+@functools.lru_cache(maxsize=1 << 14)  # a fleet repeats its checks, subjects and statuses
 def escape_label(value: str) -> str:
     """Escape a label value: backslash, double quote and line feed; no lone surrogates."""
     value = _SURROGATES.sub("\ufffd", value)
@@ -84,8 +86,12 @@ def _comment(value: str) -> str:
     return _CONTROL.sub("?", " ".join(_SURROGATES.sub("\ufffd", value).split()))
 
 
-def _labels(pairs: Sequence[tuple[str, str]]) -> str:
-    return "{" + ",".join(f'{key}="{escape_label(value)}"' for key, value in pairs) + "}"
+def _labels(pairs: Sequence[tuple[str, str]], prefix: str = "") -> str:
+    """Return ``{key="value",...}``; ``prefix``: labels already rendered (a machine's)."""
+    rest = ",".join(f'{key}="{escape_label(value)}"' for key, value in pairs)
+    if not prefix:
+        return "{" + rest + "}"
+    return "{" + prefix + ("," + rest if rest else "") + "}"
 
 
 def _timestamp(started: str) -> float | None:
@@ -228,6 +234,7 @@ def prometheus_parts(reports: Sequence[Report]) -> tuple[list[str], dict[str, li
     info_lines: list[str] = []
     for report in reports:
         who = identity_labels(report)
+        machine = _labels(who)[1:-1]  # rendered once: every series of the machine starts so
         # A series must be unique: a finding's key (check, subject, aspect) is, within a
         # report; a report read back from elsewhere may repeat one: keep the worse.
         worst: dict[tuple[str, str, str], Finding] = {}
@@ -237,16 +244,16 @@ def prometheus_parts(reports: Sequence[Report]) -> tuple[list[str], dict[str, li
                     worst[key].status]:
                 worst[key] = finding
         for (check, subject, aspect), finding in worst.items():
-            labels = _labels([*who, ("check", check), ("subject", subject),
+            labels = _labels([("check", check), ("subject", subject),
                               ("aspect", aspect), ("status", finding.status.value),
                               ("severity", finding.severity.value),
-                              ("waived", "true" if finding.waived else "false")])
+                              ("waived", "true" if finding.waived else "false")], machine)
             finding_lines.append(f"host_auditor_finding{labels} 1")
         for result in report.results:
-            labels = _labels([*who, ("check", result.check)])
+            labels = _labels([("check", result.check)], machine)
             check_lines.append(f"host_auditor_check_status{labels} {STATUS_CODES[result.status]}")
         for status, count in report.summary().items():
-            labels = _labels([*who, ("status", status)])
+            labels = _labels([("status", status)], machine)
             count_lines.append(f"host_auditor_findings{labels} {count}")
         up_lines.append(f"host_auditor_up{_labels(who)} {0 if report.error else 1}")
         stamp = _timestamp(report.started)
@@ -258,7 +265,7 @@ def prometheus_parts(reports: Sequence[Report]) -> tuple[list[str], dict[str, li
             f"host_auditor_duration_seconds{_labels(who)} {report.duration_s:.4f}"
         )
         if not report.error:  # nothing read from an unreachable host: no tuned state
-            stamp_labels = _labels([*who, ("fingerprint", fingerprint(report))])
+            stamp_labels = _labels([("fingerprint", fingerprint(report))], machine)
             info_lines.append(f"host_auditor_tuning_info{stamp_labels} 1")
     blocks = {
         "host_auditor_finding": finding_lines,
