@@ -21,7 +21,9 @@ test runs its own cases through :func:`check_case` and :func:`check_fix`):
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
+import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -228,18 +230,24 @@ class _Engine:
 
 
 def tree_diff(left: Path, right: Path, limit: int = 8) -> list[str]:
-    """Name the entries two trees hold differently (for failure messages), at most ``limit``."""
-    import filecmp
+    """Name the entries two trees hold differently (for failure messages), at most ``limit``.
 
-    found: list[str] = []
+    Links are compared as links, never followed (sysfs copies link in circles)."""
+    def entries(root: Path) -> dict[str, tuple[int, bytes]]:
+        found: dict[str, tuple[int, bytes]] = {}
+        for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+            for name in (*dirnames, *filenames):
+                path = os.path.join(dirpath, name)
+                st = os.lstat(path)
+                if stat.S_ISLNK(st.st_mode):
+                    body = os.fsencode(os.readlink(path))
+                elif stat.S_ISREG(st.st_mode):
+                    body = Path(path).read_bytes()
+                else:
+                    body = str(st.st_rdev).encode()
+                found[os.path.relpath(path, root)] = (st.st_mode, body)
+        return found
 
-    def walk(compare: filecmp.dircmp[str], prefix: str) -> None:
-        for name in (*compare.left_only, *compare.right_only, *compare.diff_files,
-                     *compare.funny_files):
-            if len(found) < limit:
-                found.append(prefix + name)
-        for name, sub in sorted(compare.subdirs.items()):
-            walk(sub, f"{prefix}{name}/")
-
-    walk(filecmp.dircmp(str(left), str(right)), "")
-    return found
+    mine, theirs = entries(left), entries(right)
+    return sorted(name for name in mine.keys() | theirs.keys()
+                  if mine.get(name) != theirs.get(name))[:limit]
