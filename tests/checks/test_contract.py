@@ -160,8 +160,8 @@ def test_a_step_changed_in_one_engine_only_fails_the_contract(
     case = next(c for c in CASES["container.toolkit"].cases if c.fixed)
     planted: list[Path] = []
 
-    def plant(plan: object, where: Path) -> tuple[Path, Path]:
-        fix, rollback = write_scripts(plan, where)  # type: ignore[arg-type]
+    def plant(plan: object, where: Path, *, lint: bool = True) -> tuple[Path, Path]:
+        fix, rollback = write_scripts(plan, where, lint=lint)  # type: ignore[arg-type]
         if not getattr(plan, "root", "x"):  # the booted machine's script: bash's own steps
             text = fix.read_text()
             assert "        chmod \"$mode\" -- \"$path\"\n" in text

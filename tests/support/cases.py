@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib
 import os
 import pkgutil
+import shutil
 import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -174,13 +175,21 @@ def check_fix(check: CheckClass, case: Case, tmp: Path, every: Sequence[CheckCla
     allowed = (*check.reads, *fix_reads([check]))
     assert undeclared(recording.asked, allowed) == [], case.name
     assert plan.actions, f"{case.name}: the fix plans no step"
-    python_engine = _Engine("python", *write_scripts(plan, tmp), copy_tree(root.root, tmp / "copy"),
-                            plan, None)
     live = live_plan(plan, root.root)
+    bind = tuple(livefix.units(live, root.root))
+    # The sysroot engine runs on the case's tree; the bash engine on the same case built
+    # again (quicker than a copy; a case builds the same tree every time, checked here).
+    # The sysroot scripts are linted by the render-and-lint test of the same case.
+    before = tree_hash(root.root)
+    second = case.tree(tmp / "bash-tree").root
+    if tree_hash(second) != before:
+        shutil.rmtree(second)
+        second = copy_tree(root.root, second)
+    python_engine = _Engine("python", *write_scripts(plan, tmp, lint=False), root.root, plan,
+                            None)
     (tmp / "bash").mkdir()
-    bash_engine = _Engine("bash", *write_scripts(live, tmp / "bash"),
-                          copy_tree(root.root, tmp / "bash-copy"), live, tmp / "live",
-                          tuple(livefix.units(live, root.root)))
+    bash_engine = _Engine("bash", *write_scripts(live, tmp / "bash"), second, live,
+                          tmp / "live", bind)
     for engine in (python_engine, bash_engine):
         livefix.give_dev_null(engine.tree)
     before = tree_hash(python_engine.tree)
@@ -203,7 +212,7 @@ def check_fix(check: CheckClass, case: Case, tmp: Path, every: Sequence[CheckCla
         assert undone[0] == 0, f"{engine.name} engine: {undone[1]}"
         assert tree_hash(engine.tree) == before, (
             f"{engine.name} engine: the rollback did not restore the tree byte for byte: "
-            + "; ".join(tree_diff(root.root, engine.tree)))
+            + "; ".join(tree_diff(python_engine.tree, bash_engine.tree)))
         assert verdict(audit_tree(engine.tree, check, case), check.id) is case.expect
     assert livefix.leftovers(tmp / "live") == [], "the bash rollback left state behind"
 
