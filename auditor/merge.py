@@ -38,7 +38,8 @@ import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import IO, Any, Literal, NamedTuple
+from itertools import chain
+from typing import IO, TYPE_CHECKING, Any, Literal, NamedTuple
 
 import msgspec
 
@@ -56,6 +57,9 @@ from auditor.model import (
 )
 from auditor.results import MAX_RESULT, Unreadable, read_result
 from auditor.text import printable
+
+if TYPE_CHECKING:
+    from auditor.prom import Machine
 
 StatusText = Literal["pass", "skip", "warn", "fail", "error"]
 SeverityText = Literal["info", "low", "medium", "high", "critical"]
@@ -550,6 +554,82 @@ def report_of(doc: ReportDoc, name: str | None = None) -> Report:
     )
 
 
+def machine_of_doc(doc: ReportDoc, summary: Summary) -> Machine:
+    """Return what the Prometheus exposition says of a typed document: the same as
+    :func:`auditor.prom.machine_of` of its :func:`report_of` (the tests hold them so), without
+    making the report."""
+    from auditor.prom import Machine, comment_line
+
+    facts = doc.facts
+    machine_id = facts.get("machine_id", "")
+    who = [("host", doc.host)]
+    if doc.name:
+        who.append(("target", doc.name))
+    if machine_id:
+        who.append(("machine_id", machine_id))
+    counts = summary.counts
+    name = doc.name
+    identity = f"{name} ({doc.host})" if name and name != doc.host else name or doc.host
+    return Machine(
+        who=who,
+        findings=list(chain.from_iterable(grouped(doc).values())),
+        checks=summary.cells.items(),
+        counts=[*((status, counts.get(status, 0)) for status in _BY_ORDER),
+                ("waived", summary.waived)],
+        error=doc.error, started=doc.started, duration_s=doc.duration_s,
+        fingerprint=summary.stamp,
+        comment=comment_line(doc.tool.version if doc.tool is not None else "", identity,
+                             doc.aliases, facts.get("privilege", "")))
+
+
+def json_body(doc: ReportDoc, summary: Summary) -> dict[str, Any]:
+    """Return a host's entry of the merged JSON: :meth:`Report.to_dict` of its
+    :func:`report_of` with its fingerprint (the tests hold them so), without making the
+    report."""
+    by_check = grouped(doc)
+    durations = {c.check: c.duration_s for c in doc.checks}
+    counts = summary.counts
+    data: dict[str, Any] = {
+        "host": doc.host,
+        "target": target_of(doc),
+        **({"name": doc.name} if doc.name else {}),
+        **({"aliases": doc.aliases} if doc.aliases else {}),
+        "started": doc.started,
+        "duration_s": round(doc.duration_s, 4),
+        "summary": {**{status: counts.get(status, 0) for status in _BY_ORDER},
+                    "waived": summary.waived},
+        "facts": doc.facts,
+        "checks": [{"check": check, "status": status,
+                    "duration_s": round(durations.get(check, 0.0), 4)}
+                   for check, status in summary.cells.items()],
+        "findings": [_finding_body(f) for items in by_check.values() for f in items],
+    }
+    if doc.timing:
+        data["timing"] = {f"{key.removesuffix('_s')}_s": round(value, 4)
+                          for key, value in doc.timing.items()}
+    version = doc.tool.version if doc.tool is not None else ""
+    if version:
+        data["tool"] = {"name": "host-auditor", "version": version}
+    if doc.policy:
+        data["policy"] = doc.policy
+    if doc.error:
+        data["error"] = doc.error
+    data["fingerprint"] = summary.stamp
+    return data
+
+
+def _finding_body(f: FindingDoc) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "check": f.check, "host": f.host, "status": f.status, "severity": f.severity,
+        "subject": f.subject, "aspect": f.aspect, "observed": f.observed,
+        "expected": f.expected, "message": f.message, "fix": f.fix, "evidence": f.evidence,
+        "waived": f.waived,
+    }
+    if f.waived:
+        data["waiver"] = f.waiver
+    return data
+
+
 # -- the passes ----------------------------------------------------------------------------
 
 
@@ -607,7 +687,7 @@ def _reduce_chunk(task: Task) -> Reduced:
     assert _PLAN is not None
     plan = _PLAN
     out = Reduced(Partial(keep=50 if plan.fmt == "html" else LIMIT))
-    reports: list[Report] = []
+    machines: list[Machine] = []
     for index, (path, skip) in enumerate(zip(task.paths, task.skip, strict=True)):
         if skip is None:
             continue
@@ -625,43 +705,36 @@ def _reduce_chunk(task: Task) -> Reduced:
                 reduce_text(out.partial, doc, name, plan.golden_state, is_golden, plan.fail_on)
             elif plan.fmt == "html":
                 _render_row(out, doc, name, plan, is_golden)
+            elif plan.fmt == "prometheus":
+                summary = reduce_text(out.partial, doc, name, plan.golden_state, is_golden,
+                                      plan.fail_on)
+                machines.append(machine_of_doc(doc, summary))
             else:
-                _reduce_rendered(out, doc, name, plan, is_golden, reports)
-    if plan.fmt == "prometheus" and reports:
+                _reduce_rendered(out, doc, name, plan, is_golden)
+    if plan.fmt == "prometheus" and machines:
         from auditor.prom import prometheus_parts
 
-        comments, blocks = prometheus_parts(reports)
+        comments, blocks = prometheus_parts(machines)
         out.blocks = {"": "".join(line + "\n" for line in comments).encode(),
                       **{name: "".join(line + "\n" for line in lines).encode()
                          for name, lines in blocks.items()}}
     return out
 
 
-def _reduce_rendered(out: Reduced, doc: ReportDoc, name: str, plan: Plan, is_golden: bool,
-                     reports: list[Report]) -> None:
-    """Add one host to a chunk of a format that holds every host."""
-    reduce_text(out.partial, doc, name, plan.golden_state, is_golden, plan.fail_on)
-    report = report_of(doc, None if plan.fmt in ("json", "prometheus") else name)
-    sort_key: SortKey = (-report.status.order, name)
-    if plan.fmt == "prometheus":
-        reports.append(report)
-        return
+def _reduce_rendered(out: Reduced, doc: ReportDoc, name: str, plan: Plan,
+                     is_golden: bool) -> None:
+    """Add one host to a chunk of json or line output (formats that hold every host)."""
+    summary = reduce_text(out.partial, doc, name, plan.golden_state, is_golden, plan.fail_on)
+    sort_key: SortKey = (-_ORDER[summary.status], name)
     if plan.fmt == "line":
         from auditor.engines import report_line
 
-        line = report_line(report, prefix=name) + "\n"
+        line = report_line(report_of(doc, name), prefix=name) + "\n"
         out.pieces.append(HostPiece(sort_key, name, line.encode("utf-8", "surrogatepass")))
         return
-    summary = summarize(doc, plan.golden_state, is_golden, plan.fail_on)
     out.extra.setdefault("hosts", []).append((sort_key, name, summary.stamp, summary.cells,
                                               summary.found, not doc.error))
-    stamp = summary.stamp
-    if plan.fmt == "json":
-        body = {**report.to_dict(), "fingerprint": stamp}
-        out.pieces.append(HostPiece(sort_key, name, _dumps(body)))
-    else:
-        out.pieces.append(HostPiece(sort_key, name, b""))
-        out.extra.setdefault("reports", []).append(report)
+    out.pieces.append(HostPiece(sort_key, name, msgspec.json.encode(json_body(doc, summary))))
 
 
 _PARTS: Any = None
@@ -689,12 +762,6 @@ def _render_row(out: Reduced, doc: ReportDoc, name: str, plan: Plan, is_golden: 
     if summary.found:
         rows = str(_PARTS.diff_rows(name, [Difference(*d) for d in summary.found]))
         out.diffs.append(HostPiece((0, name), name, rows.encode("utf-8", "surrogatepass")))
-
-
-def _dumps(data: Any) -> bytes:
-    import json
-
-    return json.dumps(data, ensure_ascii=False).encode("utf-8", "surrogatepass")
 
 
 def _init(plan: Plan) -> None:
@@ -1087,9 +1154,8 @@ def _difference_dict(d: Sequence[str]) -> dict[str, Any]:
 
 
 def _dumps_indented(data: Any) -> str:
-    import json
-
-    return json.dumps(data, indent=1, ensure_ascii=False)
+    # json.dumps(indent=1)'s bytes for what the head holds (text, whole numbers), in C.
+    return msgspec.json.format(msgspec.json.encode(data), indent=1).decode()
 
 
 def text_view(merged: Merged) -> TextView:

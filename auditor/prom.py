@@ -17,13 +17,15 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple, Protocol
 
-from auditor.model import Finding, Report, Status, fingerprint
+from auditor.model import Report, Status, fingerprint
 
 #: Status codes of ``host_auditor_check_status``: higher is worse (``Status.order``).
 STATUS_CODES = {status: status.order for status in Status}
+_CODES = {status.value: status.order for status in Status}
 _SURROGATES = re.compile("[\ud800-\udfff]")
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
@@ -139,40 +141,113 @@ def distinct_machines(reports: Sequence[Report]) -> tuple[list[Report], list[str
     return out, notes
 
 
-def _counter_lines(reports: Sequence[Report], family: CounterFamily) -> list[str]:
+class Sample(Protocol):
+    """A finding as the exposition reads it: a merge's typed finding, or :class:`Row`."""
+
+    @property
+    def check(self) -> str: ...
+    @property
+    def subject(self) -> str: ...
+    @property
+    def aspect(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def severity(self) -> str: ...
+    @property
+    def waived(self) -> bool: ...
+    @property
+    def evidence(self) -> Mapping[str, str]: ...
+
+
+class Row(NamedTuple):
+    """A :class:`~auditor.model.Finding` as the exposition reads it."""
+
+    check: str
+    subject: str
+    aspect: str
+    status: str
+    severity: str
+    waived: bool
+    evidence: Mapping[str, str]
+
+
+class Machine(NamedTuple):
+    """What the exposition says of one machine: made from a :class:`Report`
+    (:func:`machine_of`) or from a merge's typed document, and rendered by one code."""
+
+    who: list[tuple[str, str]]
+    #: The findings, in the report's order (check by check).
+    findings: Sequence[Sample]
+    #: (check, roll-up status) of each check, in the report's order.
+    checks: Iterable[tuple[str, str]]
+    #: (status, count) as :meth:`Report.summary` gives them.
+    counts: Iterable[tuple[str, int]]
+    error: str
+    started: str
+    duration_s: float
+    #: The tuned state's fingerprint ("" where the host could not be audited).
+    fingerprint: str
+    comment: str
+
+
+def comment_line(version: str, identity: str, aliases: Sequence[str], privilege: str) -> str:
+    """Return a machine's comment: who made the numbers, and with what privilege."""
+    # Each starts "# host-auditor": a host name can never make it a HELP or TYPE line.
+    return (f"# host-auditor {_comment(version or '-')}: {_comment(identity)}"
+            + (f" (also {_comment(', '.join(aliases))})" if aliases else "")
+            + (f": audited without root ({_comment(privilege)})" if privilege else ""))
+
+
+def machine_of(report: Report) -> Machine:
+    """Return what the exposition says of a report."""
+    return Machine(
+        who=identity_labels(report),
+        findings=[Row(f.check, f.subject, f.aspect, f.status.value, f.severity.value,
+                      f.waived, dict(f.evidence)) for f in report.findings],
+        checks=[(r.check, r.status.value) for r in report.results],
+        counts=list(report.summary().items()),
+        error=report.error, started=report.started, duration_s=report.duration_s,
+        fingerprint="" if report.error else fingerprint(report),
+        comment=comment_line(report.version, report.identity, report.aliases,
+                             dict(report.facts).get("privilege", "")))
+
+
+def _counter_lines(machines: Sequence[Machine], family: CounterFamily) -> list[str]:
     lines: list[str] = []
-    seen: set[tuple[str, str, str, str]] = set()
-    for report in reports:
-        for finding in report.findings:
+    seen: set[tuple[str, str, str]] = set()
+    for machine in machines:
+        labels = _labels(machine.who)[1:-1]
+        for finding in machine.findings:
             if finding.check != family.check:
                 continue
-            for key, value in finding.evidence:
+            for key, value in finding.evidence.items():
                 if not key.startswith(family.prefix) or not _COUNT.fullmatch(value.strip()):
                     continue
                 kind = key[len(family.prefix):]
-                series = (report.label, report.machine_id, finding.subject, kind)
+                series = (labels, finding.subject, kind)
                 if not kind or series in seen:  # a series must be unique
                     continue
                 seen.add(series)
-                labels = _labels([*identity_labels(report), ("subject", finding.subject),
-                                  (family.label, kind)])
-                lines.append(f"{family.metric}{labels} {int(value)}")
+                rest = _labels([("subject", finding.subject), (family.label, kind)], labels)
+                lines.append(f"{family.metric}{rest} {int(value)}")
     return lines
 
 
 _MEASURED = "measured."
 
 
-def _measurement_lines(reports: Sequence[Report]) -> list[str]:
+def _measurement_lines(machines: Sequence[Machine]) -> list[str]:
     """Return a gauge per figure a probe measured (a finding's ``measured.*`` evidence), so
     fleets compare hosts by what was measured, not only by the verdicts."""
     import math
 
     lines: list[str] = []
     seen: set[tuple[str, ...]] = set()
-    for report in reports:
-        for finding in report.findings:
-            for key, value in finding.evidence:
+    for machine in machines:
+        labels = _labels(machine.who)[1:-1]
+        for finding in machine.findings:
+            for key, value in finding.evidence.items():
                 if not key.startswith(_MEASURED):
                     continue
                 try:
@@ -180,15 +255,13 @@ def _measurement_lines(reports: Sequence[Report]) -> list[str]:
                 except ValueError:
                     continue
                 metric = key[len(_MEASURED):]
-                series = (report.label, report.machine_id, finding.check, finding.subject,
-                          finding.aspect, metric)
+                series = (labels, finding.check, finding.subject, finding.aspect, metric)
                 if not metric or not math.isfinite(number) or series in seen:
                     continue
                 seen.add(series)
-                labels = _labels([*identity_labels(report), ("check", finding.check),
-                                  ("subject", finding.subject), ("aspect", finding.aspect),
-                                  ("metric", metric)])
-                lines.append(f"host_auditor_measurement{labels} {number:.10g}")
+                rest = _labels([("check", finding.check), ("subject", finding.subject),
+                                ("aspect", finding.aspect), ("metric", metric)], labels)
+                lines.append(f"host_auditor_measurement{rest} {number:.10g}")
     return lines
 
 
@@ -196,7 +269,7 @@ def render_prometheus(reports: Sequence[Report]) -> str:
     """Render reports as gauges (one per finding, one per check, counts, run facts) and the
     counters checks keep; one machine once, every series once."""
     reports, notes = distinct_machines(reports)
-    comments, blocks = prometheus_parts(reports)
+    comments, blocks = prometheus_parts([machine_of(report) for report in reports])
     out = comments + [f"# host-auditor: {_comment(line)}" for line in notes]
     for name, lines in blocks.items():
         if lines:
@@ -218,11 +291,18 @@ def family_header(name: str) -> str:
     return f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n"
 
 
-def prometheus_parts(reports: Sequence[Report]) -> tuple[list[str], dict[str, list[str]]]:
-    """Return the reports' comment lines and their samples by metric family (in output order).
+@functools.lru_cache(maxsize=64)
+def _finding_tail(status: str, severity: str, waived: bool) -> str:
+    return _labels([("status", status), ("severity", severity),
+                    ("waived", "true" if waived else "false")])[1:]
 
-    The reports must be distinct machines (:func:`distinct_machines`). Several batches of
-    them (``audit merge`` renders a fleet in chunks) give one exposition when each family's
+
+def prometheus_parts(machines: Sequence[Machine]) -> tuple[list[str], dict[str, list[str]]]:
+    """Return the machines' comment lines and their samples by metric family (in output
+    order).
+
+    The machines must be distinct (:func:`distinct_machines`). Several batches of them
+    (``audit merge`` renders a fleet in chunks) give one exposition when each family's
     samples are joined batch after batch under one header.
     """
     finding_lines: list[str] = []
@@ -232,41 +312,34 @@ def prometheus_parts(reports: Sequence[Report]) -> tuple[list[str], dict[str, li
     time_lines: list[str] = []
     duration_lines: list[str] = []
     info_lines: list[str] = []
-    for report in reports:
-        who = identity_labels(report)
-        machine = _labels(who)[1:-1]  # rendered once: every series of the machine starts so
+    escape, codes, tail = escape_label, _CODES, _finding_tail
+    for machine in machines:
+        who = _labels(machine.who)
+        labels = who[1:-1]  # rendered once: every series of the machine starts so
         # A series must be unique: a finding's key (check, subject, aspect) is, within a
         # report; a report read back from elsewhere may repeat one: keep the worse.
-        worst: dict[tuple[str, str, str], Finding] = {}
-        for finding in report.findings:
-            key = finding.key
-            if key not in worst or STATUS_CODES[finding.status] > STATUS_CODES[
-                    worst[key].status]:
+        worst: dict[tuple[str, str, str], Sample] = {}
+        for finding in machine.findings:
+            key = (finding.check, finding.subject, finding.aspect)
+            held = worst.get(key)
+            if held is None or codes[finding.status] > codes[held.status]:
                 worst[key] = finding
-        for (check, subject, aspect), finding in worst.items():
-            labels = _labels([("check", check), ("subject", subject),
-                              ("aspect", aspect), ("status", finding.status.value),
-                              ("severity", finding.severity.value),
-                              ("waived", "true" if finding.waived else "false")], machine)
-            finding_lines.append(f"host_auditor_finding{labels} 1")
-        for result in report.results:
-            labels = _labels([("check", result.check)], machine)
-            check_lines.append(f"host_auditor_check_status{labels} {STATUS_CODES[result.status]}")
-        for status, count in report.summary().items():
-            labels = _labels([("status", status)], machine)
-            count_lines.append(f"host_auditor_findings{labels} {count}")
-        up_lines.append(f"host_auditor_up{_labels(who)} {0 if report.error else 1}")
-        stamp = _timestamp(report.started)
+        finding_lines.extend(
+            f'host_auditor_finding{{{labels},check="{escape(f.check)}",'
+            f'subject="{escape(f.subject)}",aspect="{escape(f.aspect)}",'
+            f"{tail(f.status, f.severity, f.waived)} 1" for f in worst.values())
+        check_lines.extend(f'host_auditor_check_status{{{labels},check="{escape(check)}"}} '
+                           f"{codes[status]}" for check, status in machine.checks)
+        count_lines.extend(f'host_auditor_findings{{{labels},status="{escape(status)}"}} '
+                           f"{count}" for status, count in machine.counts)
+        up_lines.append(f"host_auditor_up{who} {0 if machine.error else 1}")
+        stamp = _timestamp(machine.started)
         if stamp is not None:
-            time_lines.append(
-                f"host_auditor_last_run_timestamp_seconds{_labels(who)} {stamp:.0f}"
-            )
-        duration_lines.append(
-            f"host_auditor_duration_seconds{_labels(who)} {report.duration_s:.4f}"
-        )
-        if not report.error:  # nothing read from an unreachable host: no tuned state
-            stamp_labels = _labels([("fingerprint", fingerprint(report))], machine)
-            info_lines.append(f"host_auditor_tuning_info{stamp_labels} 1")
+            time_lines.append(f"host_auditor_last_run_timestamp_seconds{who} {stamp:.0f}")
+        duration_lines.append(f"host_auditor_duration_seconds{who} {machine.duration_s:.4f}")
+        if not machine.error:  # nothing read from an unreachable host: no tuned state
+            info_lines.append(f'host_auditor_tuning_info{{{labels},'
+                              f'fingerprint="{escape(machine.fingerprint)}"}} 1')
     blocks = {
         "host_auditor_finding": finding_lines,
         "host_auditor_check_status": check_lines,
@@ -275,18 +348,8 @@ def prometheus_parts(reports: Sequence[Report]) -> tuple[list[str], dict[str, li
         "host_auditor_last_run_timestamp_seconds": time_lines,
         "host_auditor_duration_seconds": duration_lines,
         "host_auditor_tuning_info": info_lines,
-        "host_auditor_measurement": _measurement_lines(reports),
+        "host_auditor_measurement": _measurement_lines(machines),
     }
     for family in COUNTER_FAMILIES:
-        blocks[family.metric] = _counter_lines(reports, family)
-    comments: list[str] = []
-    for report in reports:
-        # Comments in the exposition format: who made the numbers, and with what privilege.
-        # Each starts "# host-auditor": a host name can never make it a HELP or TYPE line.
-        privilege = dict(report.facts).get("privilege")
-        comments.append(
-            f"# host-auditor {_comment(report.version or '-')}: {_comment(report.identity)}"
-            + (f" (also {_comment(', '.join(report.aliases))})" if report.aliases else "")
-            + (f": audited without root ({_comment(privilege)})" if privilege else ""))
-    return comments, blocks
-
+        blocks[family.metric] = _counter_lines(machines, family)
+    return [machine.comment for machine in machines], blocks

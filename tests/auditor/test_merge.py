@@ -211,3 +211,60 @@ def test_exit_code_follows_fail_on(tmp_path: Path) -> None:
     path = write(tmp_path, "a.json", report)
     assert merge([str(path)], "text", jobs=1).exit_code == 0
     assert merge([str(path)], "text", fail_on=FailOn.WARN, jobs=1).exit_code == 1
+
+
+def odd_fleet(folder: Path) -> list[str]:
+    """Write reports that use every field the Prometheus and JSON outputs read: labels to
+    escape, waived findings, a key found twice, findings out of check order and of no
+    listed check, probe figures, AER counters, phases, aliases, an unreachable host."""
+    rng = random.Random(7)
+    paths = []
+    for index in range(CHUNK_FILES + 9):
+        report = host_report(index, rng)
+        findings = report["findings"]
+        if index % 3 == 0:
+            report["host"] = f'node "{index}"\\\nx\u00e9'
+            report["name"] = f"alias-{index}"
+            report["aliases"] = [f"10.0.0.{index}", "n\nl"]
+            report["facts"]["privilege"] = "no root:\tpartial"
+            report["timing"] = {"connect_s": 0.123456, "collect": 1.5}
+        if index % 4 == 1:
+            findings[0] = {**findings[0], "status": "fail", "waived": True,
+                           "waiver": "ticket 12 \"until\" Friday"}
+            findings.append({**findings[1], "status": "warn", "observed": "again"})
+            findings.append({"check": "site.local", "status": "warn", "subject": 'a"b\\c',
+                             "aspect": "x\ny", "evidence": {"measured.gbps": "54.6",
+                                                             "measured.bad": "nan"}})
+            findings.append({"check": "pcie.aer", "status": "pass", "subject": "0000:18:00.0",
+                             "evidence": {"aer.RxErr": " 3 ", "aer.TOTAL_ERR_FATAL": "0",
+                                          "aer.": "1", "aer.odd": "x"}})
+            findings.reverse()
+            report["policy"] = {}
+            report.pop("tool")
+        paths.append(str(write(folder, f"{index:04d}.json", report)))
+    down = host_report(999, rng, findings=[], checks=[], error="gpu-0999: timed out")
+    paths.append(str(write(folder, "down.json", down)))
+    return paths
+
+
+def test_prometheus_and_json_say_what_the_model_renders(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The merge renders from its typed documents without making reports: byte for byte
+    the exposition of the reports, and each host's entry their JSON form."""
+    from auditor.prom import render_prometheus
+
+    paths = odd_fleet(tmp_path)
+    reports = load_results(paths).reports
+    assert len(reports) == len(paths)
+    code, prom, _ = merged_output(capsys, *paths, "--format", "prometheus", "-j", "2")
+    assert code == 3
+    assert prom == render_prometheus(reports)
+    assert "host_auditor_measurement{" in prom and "host_auditor_pcie_aer_errors_total{" in prom
+    _, out, _ = merged_output(capsys, *paths, "--format", "json", "-j", "2")
+    hosts = {(h["host"], h.get("name", "")): h for h in json.loads(out)["hosts"]}
+    assert len(hosts) == len(reports)
+    for report in reports:
+        entry = hosts[(report.host, report.name)]
+        assert entry == {**report.to_dict(),
+                         "fingerprint": "" if report.error else fingerprint(report)}
