@@ -59,7 +59,7 @@ from auditor.results import MAX_RESULT, Unreadable, read_result
 from auditor.text import printable
 
 if TYPE_CHECKING:
-    from auditor.prom import Machine
+    from auditor.prom import Exposition, Machine
 
 StatusText = Literal["pass", "skip", "warn", "fail", "error"]
 SeverityText = Literal["info", "low", "medium", "high", "critical"]
@@ -687,7 +687,11 @@ def _reduce_chunk(task: Task) -> Reduced:
     assert _PLAN is not None
     plan = _PLAN
     out = Reduced(Partial(keep=50 if plan.fmt == "html" else LIMIT))
-    machines: list[Machine] = []
+    exposition: Exposition | None = None
+    if plan.fmt == "prometheus":
+        from auditor.prom import Exposition
+
+        exposition = Exposition()
     for index, (path, skip) in enumerate(zip(task.paths, task.skip, strict=True)):
         if skip is None:
             continue
@@ -705,20 +709,21 @@ def _reduce_chunk(task: Task) -> Reduced:
                 reduce_text(out.partial, doc, name, plan.golden_state, is_golden, plan.fail_on)
             elif plan.fmt == "html":
                 _render_row(out, doc, name, plan, is_golden)
-            elif plan.fmt == "prometheus":
-                summary = reduce_text(out.partial, doc, name, plan.golden_state, is_golden,
-                                      plan.fail_on)
-                machines.append(machine_of_doc(doc, summary))
+            elif exposition is not None:
+                # The exposition has no golden diff: compare nothing.
+                summary = reduce_text(out.partial, doc, name, None, is_golden, plan.fail_on)
+                exposition.add(machine_of_doc(doc, summary))
             else:
                 _reduce_rendered(out, doc, name, plan, is_golden)
-    if plan.fmt == "prometheus" and machines:
-        from auditor.prom import prometheus_parts
-
-        comments, blocks = prometheus_parts(machines)
-        out.blocks = {"": "".join(line + "\n" for line in comments).encode(),
-                      **{name: "".join(line + "\n" for line in lines).encode()
-                         for name, lines in blocks.items()}}
+    if exposition is not None and exposition.comments:
+        comments, blocks = exposition.comments, exposition.blocks
+        out.blocks = {"": _lines(comments), **{name: _lines(lines)
+                                               for name, lines in blocks.items()}}
     return out
+
+
+def _lines(lines: list[str]) -> bytes:
+    return ("\n".join(lines) + "\n").encode() if lines else b""
 
 
 def _reduce_rendered(out: Reduced, doc: ReportDoc, name: str, plan: Plan,
@@ -792,6 +797,17 @@ def _one_thread() -> bool:
         return threading.active_count() == 1
 
 
+def _start_worker(initializer: Callable[..., None] | None = None, *initargs: Any) -> None:
+    """Start a worker: what it holds now (imports, the plan) stays out of the cycle
+    collector's walks, which otherwise go over it again and again as documents are decoded
+    (a merge makes no cycles: what a file gave is freed when the next is read)."""
+    import gc
+
+    if initializer is not None:
+        initializer(*initargs)
+    gc.freeze()
+
+
 class Pool:
     """Runs a function over tasks in order: in worker processes, or here for one job."""
 
@@ -806,14 +822,14 @@ class Pool:
 
             if _one_thread():
                 # fork: the workers share the parent's imports and the plan set just above.
-                self._pool = multiprocessing.get_context("fork").Pool(jobs)
+                self._pool = multiprocessing.get_context("fork").Pool(jobs, _start_worker)
             else:
                 # A process with other threads (an embedding program, a test runner) must not
                 # fork: a lock another thread held is held for ever in the child, and the
                 # child shares that thread's pipes. A fork server's clean process forks the
                 # workers instead, and they get the plan from the initializer.
                 self._pool = multiprocessing.get_context("forkserver").Pool(
-                    jobs, initializer, initargs)
+                    jobs, _start_worker, (initializer, *initargs))
 
     def map(self, func: Callable[[Any], Any], tasks: Iterable[Any]) -> Iterator[Any]:
         """Yield ``func(task)`` for each task, in the tasks' order."""

@@ -74,6 +74,11 @@ COUNTER_FAMILIES: tuple[CounterFamily, ...] = (
     ),
 )
 _COUNT = re.compile(r"[0-9]{1,20}")
+#: The counter families by the check that keeps them, and by metric.
+_COUNTERS: dict[str, tuple[CounterFamily, ...]] = {
+    check: tuple(f for f in COUNTER_FAMILIES if f.check == check)
+    for check in {f.check for f in COUNTER_FAMILIES}}
+_FAMILY = {family.metric: family for family in COUNTER_FAMILIES}
 
 
 @functools.lru_cache(maxsize=1 << 14)  # a fleet repeats its checks, subjects and statuses
@@ -213,56 +218,7 @@ def machine_of(report: Report) -> Machine:
                              dict(report.facts).get("privilege", "")))
 
 
-def _counter_lines(machines: Sequence[Machine], family: CounterFamily) -> list[str]:
-    lines: list[str] = []
-    seen: set[tuple[str, str, str]] = set()
-    for machine in machines:
-        labels = _labels(machine.who)[1:-1]
-        for finding in machine.findings:
-            if finding.check != family.check:
-                continue
-            for key, value in finding.evidence.items():
-                if not key.startswith(family.prefix) or not _COUNT.fullmatch(value.strip()):
-                    continue
-                kind = key[len(family.prefix):]
-                series = (labels, finding.subject, kind)
-                if not kind or series in seen:  # a series must be unique
-                    continue
-                seen.add(series)
-                rest = _labels([("subject", finding.subject), (family.label, kind)], labels)
-                lines.append(f"{family.metric}{rest} {int(value)}")
-    return lines
-
-
 _MEASURED = "measured."
-
-
-def _measurement_lines(machines: Sequence[Machine]) -> list[str]:
-    """Return a gauge per figure a probe measured (a finding's ``measured.*`` evidence), so
-    fleets compare hosts by what was measured, not only by the verdicts."""
-    import math
-
-    lines: list[str] = []
-    seen: set[tuple[str, ...]] = set()
-    for machine in machines:
-        labels = _labels(machine.who)[1:-1]
-        for finding in machine.findings:
-            for key, value in finding.evidence.items():
-                if not key.startswith(_MEASURED):
-                    continue
-                try:
-                    number = float(value)
-                except ValueError:
-                    continue
-                metric = key[len(_MEASURED):]
-                series = (labels, finding.check, finding.subject, finding.aspect, metric)
-                if not metric or not math.isfinite(number) or series in seen:
-                    continue
-                seen.add(series)
-                rest = _labels([("check", finding.check), ("subject", finding.subject),
-                                ("aspect", finding.aspect), ("metric", metric)], labels)
-                lines.append(f"host_auditor_measurement{rest} {number:.10g}")
-    return lines
 
 
 def render_prometheus(reports: Sequence[Report]) -> str:
@@ -297,59 +253,97 @@ def _finding_tail(status: str, severity: str, waived: bool) -> str:
                     ("waived", "true" if waived else "false")])[1:]
 
 
-def prometheus_parts(machines: Sequence[Machine]) -> tuple[list[str], dict[str, list[str]]]:
-    """Return the machines' comment lines and their samples by metric family (in output
-    order).
+class Exposition:
+    """Samples by metric family, added machine after machine.
 
-    The machines must be distinct (:func:`distinct_machines`). Several batches of them
-    (``audit merge`` renders a fleet in chunks) give one exposition when each family's
-    samples are joined batch after batch under one header.
+    The machines must be distinct (:func:`distinct_machines`). Several expositions of them
+    (``audit merge`` renders a fleet in chunks) give one when each family's samples are
+    joined chunk after chunk under one header.
     """
-    finding_lines: list[str] = []
-    check_lines: list[str] = []
-    count_lines: list[str] = []
-    up_lines: list[str] = []
-    time_lines: list[str] = []
-    duration_lines: list[str] = []
-    info_lines: list[str] = []
-    escape, codes, tail = escape_label, _CODES, _finding_tail
-    for machine in machines:
+
+    def __init__(self) -> None:
+        #: A comment line per machine: who made the numbers, and with what privilege.
+        self.comments: list[str] = []
+        #: The samples of each metric family, in the order the output lists them.
+        self.blocks: dict[str, list[str]] = {name: [] for name in FAMILIES}
+
+    def add(self, machine: Machine) -> None:
+        """Add one machine's samples."""
+        import math
+
+        escape, codes, tail = escape_label, _CODES, _finding_tail
+        blocks = self.blocks
         who = _labels(machine.who)
         labels = who[1:-1]  # rendered once: every series of the machine starts so
         # A series must be unique: a finding's key (check, subject, aspect) is, within a
-        # report; a report read back from elsewhere may repeat one: keep the worse.
+        # report; a report read back from elsewhere may repeat one: keep the worse. The
+        # figures a probe measured (``measured.*`` evidence: fleets compare hosts by what
+        # was measured, not only by the verdicts) and the counters checks keep, likewise.
         worst: dict[tuple[str, str, str], Sample] = {}
+        measured: dict[tuple[str, str, str, str], str] = {}
+        counted: dict[tuple[str, str, str], str] = {}
         for finding in machine.findings:
-            key = (finding.check, finding.subject, finding.aspect)
+            check, subject, aspect = key = (finding.check, finding.subject, finding.aspect)
             held = worst.get(key)
             if held is None or codes[finding.status] > codes[held.status]:
                 worst[key] = finding
-        finding_lines.extend(
+            for name, value in finding.evidence.items():
+                if name.startswith(_MEASURED):
+                    metric = name[len(_MEASURED):]
+                    series = (check, subject, aspect, metric)
+                    if not metric or series in measured:
+                        continue
+                    try:
+                        number = float(value)
+                    except ValueError:
+                        continue
+                    if math.isfinite(number):
+                        measured[series] = f"{number:.10g}"
+                    continue
+                for family in _COUNTERS.get(check, ()):
+                    if not name.startswith(family.prefix) or not _COUNT.fullmatch(
+                            value.strip()):
+                        continue
+                    kind = name[len(family.prefix):]
+                    if kind and (family.metric, subject, kind) not in counted:
+                        counted[family.metric, subject, kind] = str(int(value))
+        blocks["host_auditor_finding"].extend(
             f'host_auditor_finding{{{labels},check="{escape(f.check)}",'
             f'subject="{escape(f.subject)}",aspect="{escape(f.aspect)}",'
             f"{tail(f.status, f.severity, f.waived)} 1" for f in worst.values())
-        check_lines.extend(f'host_auditor_check_status{{{labels},check="{escape(check)}"}} '
-                           f"{codes[status]}" for check, status in machine.checks)
-        count_lines.extend(f'host_auditor_findings{{{labels},status="{escape(status)}"}} '
-                           f"{count}" for status, count in machine.counts)
-        up_lines.append(f"host_auditor_up{who} {0 if machine.error else 1}")
+        blocks["host_auditor_check_status"].extend(
+            f'host_auditor_check_status{{{labels},check="{escape(check)}"}} {codes[status]}'
+            for check, status in machine.checks)
+        blocks["host_auditor_findings"].extend(
+            f'host_auditor_findings{{{labels},status="{escape(status)}"}} {count}'
+            for status, count in machine.counts)
+        blocks["host_auditor_up"].append(f"host_auditor_up{who} {0 if machine.error else 1}")
         stamp = _timestamp(machine.started)
         if stamp is not None:
-            time_lines.append(f"host_auditor_last_run_timestamp_seconds{who} {stamp:.0f}")
-        duration_lines.append(f"host_auditor_duration_seconds{who} {machine.duration_s:.4f}")
+            blocks["host_auditor_last_run_timestamp_seconds"].append(
+                f"host_auditor_last_run_timestamp_seconds{who} {stamp:.0f}")
+        blocks["host_auditor_duration_seconds"].append(
+            f"host_auditor_duration_seconds{who} {machine.duration_s:.4f}")
         if not machine.error:  # nothing read from an unreachable host: no tuned state
-            info_lines.append(f'host_auditor_tuning_info{{{labels},'
-                              f'fingerprint="{escape(machine.fingerprint)}"}} 1')
-    blocks = {
-        "host_auditor_finding": finding_lines,
-        "host_auditor_check_status": check_lines,
-        "host_auditor_findings": count_lines,
-        "host_auditor_up": up_lines,
-        "host_auditor_last_run_timestamp_seconds": time_lines,
-        "host_auditor_duration_seconds": duration_lines,
-        "host_auditor_tuning_info": info_lines,
-        "host_auditor_measurement": _measurement_lines(machines),
-    }
-    for family in COUNTER_FAMILIES:
-        blocks[family.metric] = _counter_lines(machines, family)
-    return [machine.comment for machine in machines], blocks
+            blocks["host_auditor_tuning_info"].append(
+                f'host_auditor_tuning_info{{{labels},'
+                f'fingerprint="{escape(machine.fingerprint)}"}} 1')
+        blocks["host_auditor_measurement"].extend(
+            f'host_auditor_measurement{{{labels},check="{escape(check)}",'
+            f'subject="{escape(subject)}",aspect="{escape(aspect)}",'
+            f'metric="{escape(metric)}"}} {number}'
+            for (check, subject, aspect, metric), number in measured.items())
+        for (metric, subject, kind), count in counted.items():
+            label = _FAMILY[metric].label
+            blocks[metric].append(f'{metric}{{{labels},subject="{escape(subject)}",'
+                                  f'{label}="{escape(kind)}"}} {count}')
+        self.comments.append(machine.comment)
+
+
+def prometheus_parts(machines: Sequence[Machine]) -> tuple[list[str], dict[str, list[str]]]:
+    """Return the machines' comment lines and their samples by metric family (in output
+    order): an :class:`Exposition` of them."""
+    exposition = Exposition()
+    for machine in machines:
+        exposition.add(machine)
+    return exposition.comments, exposition.blocks

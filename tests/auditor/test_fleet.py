@@ -326,3 +326,32 @@ def test_unreachable_host_is_listed_not_diffed_nor_fingerprinted(
     assert [labels["host"] for labels, _ in families["host_auditor_tuning_info"]] == ["gpu-01"]
     code, _, err = merge(capsys, "--golden", "gpu-09", str(good), str(down))
     assert code == 2 and "could not be audited" in err
+
+
+def test_a_result_file_is_read_whole_to_its_bound_and_never_a_fifo(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import os
+
+    from auditor import results
+
+    body = b'{"host": "a"}' * 1000
+    path = tmp_path / "a.json"
+    path.write_bytes(body)
+    assert results.read_result(str(path)) == body
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    refused = results.read_result(str(fifo))
+    assert isinstance(refused, OSError) and "not a regular file" in str(refused)
+    # A file that grew after its size was taken is read on, to the bound and no further.
+    real_fstat = os.fstat
+
+    def smaller(fd: int) -> os.stat_result:
+        st = real_fstat(fd)
+        return os.stat_result((st.st_mode, *st[1:6], 10, *st[7:]))
+
+    monkeypatch.setattr(results.os, "fstat", smaller)
+    assert results.read_result(str(path)) == body
+    monkeypatch.setattr(results, "MAX_RESULT", 4096)
+    too_big = results.read_result(str(path))
+    assert isinstance(too_big, OSError) and "larger than" in str(too_big)
