@@ -128,6 +128,22 @@ _STRICT = msgspec.json.Decoder(ReportDoc)
 _ANY = msgspec.json.Decoder()
 
 
+class IdentityDoc(msgspec.Struct, gc=False):
+    """What the index pass reads of a host's report: the fields that name it."""
+
+    host: str
+    target: str | None = None
+    facts: dict[str, str] = {}
+    name: str = ""
+
+
+#: The index pass's decoder: a report's names, its findings skipped (a third of a full
+#: decode). A file read so is checked whole before it decides anything (:func:`_check`).
+_NAMES = msgspec.json.Decoder(IdentityDoc)
+#: A report as the identity functions read it.
+Named = ReportDoc | IdentityDoc
+
+
 _TOO_DEEP = "not a report: JSON nested too deeply"
 
 
@@ -176,12 +192,12 @@ def decode(raw: bytes) -> list[ReportDoc] | str:
 # -- identity ------------------------------------------------------------------------------
 
 
-def machine_id(doc: ReportDoc) -> str:
+def machine_id(doc: Named) -> str:
     """Return the machine id the report carries ('' for reports without one)."""
     return doc.facts.get("machine_id", "").strip()
 
 
-def target_of(doc: ReportDoc) -> str:
+def target_of(doc: Named) -> str:
     """Return the target the report was audited as (the host name where none is kept)."""
     return doc.host if doc.target is None else doc.target
 
@@ -201,12 +217,12 @@ class DocKey(NamedTuple):
     golden: bool
 
 
-def _identity(doc: ReportDoc) -> tuple[str, ...]:
+def _identity(doc: Named) -> tuple[str, ...]:
     mid = machine_id(doc)
     return ("m", mid, doc.host) if mid else ("h", doc.host)
 
 
-def shown(doc: ReportDoc) -> str:
+def shown(doc: Named) -> str:
     """Return the name a host is listed by (:attr:`auditor.model.Report.identity`)."""
     if doc.name and doc.name != doc.host:
         return f"{doc.name} ({doc.host})"
@@ -227,7 +243,7 @@ def display_names(doc: ReportDoc, salt: bytes, names: frozenset[int],
     return f"{name} [{target}, {mid[:12]}]" if mid else f"{name} [{target}]"
 
 
-def _matches_golden(doc: ReportDoc, golden: str | None) -> bool:
+def _matches_golden(doc: Named, golden: str | None) -> bool:
     if golden is None:
         return False
     name = shown(doc)
@@ -242,24 +258,46 @@ class FileIndex(NamedTuple):
 
     keys: tuple[DocKey, ...]
     reason: str
+    #: Whether the whole file was decoded (else only its names: :data:`_NAMES`).
+    checked: bool = True
 
 
-def _index_file(path: str, salt: bytes, golden: str | None) -> FileIndex:
+def _index_file(path: str, salt: bytes, golden: str | None, whole: bool = False) -> FileIndex:
     raw = read_result(path)
     if isinstance(raw, OSError):
         return FileIndex((), f"cannot read ({raw.strerror})")
-    docs = decode(raw)
+    docs: Sequence[Named] | str
+    try:
+        if whole:
+            raise msgspec.ValidationError
+        docs = [_NAMES.decode(raw)]
+    except (msgspec.DecodeError, RecursionError):  # ValidationError is a DecodeError
+        docs = decode(raw)  # the whole file, and the reason it holds no report
+        whole = True
     if isinstance(docs, str):
         return FileIndex((), docs)
     return FileIndex(tuple(
         DocKey(_hash(salt, *_identity(doc)), _hash(salt, shown(doc)),
                _hash(salt, shown(doc), target_of(doc)), _matches_golden(doc, golden))
-        for doc in docs), "")
+        for doc in docs), "", whole)
 
 
-def _index_chunk(args: tuple[Sequence[str], bytes, str | None]) -> list[FileIndex]:
-    paths, salt, golden = args
-    return [_index_file(path, salt, golden) for path in paths]
+def _index_chunk(args: tuple[Sequence[str], bytes, str | None, bool]) -> list[FileIndex]:
+    paths, salt, golden, whole = args
+    return [_index_file(path, salt, golden, whole) for path in paths]
+
+
+def _deciding(indexes: Sequence[FileIndex]) -> list[int]:
+    """Return the files read only by their names that decide something: a machine or a
+    name another report also has, or the golden host. They are read whole before the
+    decision, so a file that holds no report never makes one."""
+    counts: Counter[tuple[int, int]] = Counter()
+    for index in indexes:
+        for key in index.keys:
+            counts.update(((0, key.identity), (1, key.name), (2, key.name_target)))
+    return [number for number, index in enumerate(indexes) if not index.checked and any(
+        key.golden or counts[0, key.identity] > 1 or counts[1, key.name] > 1
+        or counts[2, key.name_target] > 1 for key in index.keys)]
 
 
 # -- the reduce pass -----------------------------------------------------------------------
@@ -655,6 +693,8 @@ class Task(NamedTuple):
     #: Per file, the documents to leave out (None: the whole file, unreadable in the index).
     skip: tuple[frozenset[int] | None, ...]
     golden: tuple[int, int]  # (file in this chunk, document) of the golden host, or (-1, -1)
+    #: Per file, whether the index pass read it whole (else a reduce pass says why not).
+    checked: tuple[bool, ...] = ()
 
 
 class HostPiece(NamedTuple):
@@ -698,7 +738,9 @@ def _reduce_chunk(task: Task) -> Reduced:
         raw = read_result(path)
         docs = raw if isinstance(raw, OSError) else decode(raw)
         if isinstance(docs, (OSError, str)):
-            out.unreadable.append((index, "changed while it was being merged"))
+            read_whole = not task.checked or task.checked[index]
+            out.unreadable.append((index, "changed while it was being merged" if read_whole
+                                   or isinstance(docs, OSError) else docs))
             continue
         for number, doc in enumerate(docs):
             if number in skip:
@@ -903,14 +945,21 @@ def merge(paths: Sequence[str], fmt: str, *, golden: str | None = None,
     pool = Pool(jobs)
     try:
         indexes: list[FileIndex] = []
-        for found in pool.map(_index_chunk, ((c, salt, golden) for c in chunks)):
+        for found in pool.map(_index_chunk, ((c, salt, golden, False) for c in chunks)):
             indexes.extend(found)
             if progress is not None:
                 progress(len(indexes), len(paths) * (3 if fmt == "html" else 2))
+        deciding = _deciding(indexes)
+        checked = pool.map(_index_chunk, (([paths[n] for n in numbers], salt, golden, True)
+                                          for numbers in _chunks(deciding, CHUNK_FILES)))
+        for numbers, found in zip(_chunks(deciding, CHUNK_FILES), checked, strict=True):
+            for number, index in zip(numbers, found, strict=True):
+                indexes[number] = index
     finally:
         pool.close()
-    unreadable = [Unreadable(paths[i], index.reason) for i, index in enumerate(indexes)
-                  if index.reason]
+    # Where each unreadable file is: a reduce pass finds those read by their names only.
+    unreadable_at = {i: index.reason for i, index in enumerate(indexes) if index.reason}
+    unreadable = [Unreadable(paths[i], reason) for i, reason in unreadable_at.items()]
     if not any(index.keys for index in indexes):
         raise MergeError("no readable results to merge", unreadable)
     try:
@@ -931,7 +980,8 @@ def merge(paths: Sequence[str], fmt: str, *, golden: str | None = None,
             chunk) else (-1, -1)
         tasks.append(Task(tuple(chunk), tuple(
             None if indexes[start + i].reason else skip.get(start + i, frozenset())
-            for i in range(len(chunk))), at))
+            for i in range(len(chunk))), at,
+            tuple(indexes[start + i].checked for i in range(len(chunk)))))
     total = Partial(keep=50 if fmt == "html" else LIMIT)
     assembler = _Assembler(fmt, golden)
     passes = [plan]
@@ -945,9 +995,8 @@ def merge(paths: Sequence[str], fmt: str, *, golden: str | None = None,
         try:
             for at_chunk, reduced in enumerate(pool.map(_reduce_chunk, tasks)):
                 start = at_chunk * CHUNK_FILES
-                if number == len(passes) - 1:
-                    unreadable.extend(Unreadable(paths[start + index], reason)
-                                      for index, reason in reduced.unreadable)
+                for index, reason in reduced.unreadable:
+                    unreadable_at.setdefault(start + index, reason)
                 if number == 0:
                     total.merge(reduced.partial)
                 assembler.add(reduced)
@@ -956,6 +1005,9 @@ def merge(paths: Sequence[str], fmt: str, *, golden: str | None = None,
                              len(paths) * (1 + len(passes)))
         finally:
             pool.close()
+        unreadable = [Unreadable(paths[i], unreadable_at[i]) for i in sorted(unreadable_at)]
+        if not total.hosts:
+            raise MergeError("no readable results to merge", unreadable)
     checks = sorted(total.check_order, key=total.check_order.__getitem__)
     code = 3 if total.unaudited else (1 if total.trips else 0)
     merged = Merged(fmt, total, checks, unreadable, notes, golden, total.hosts, code)

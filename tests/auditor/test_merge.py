@@ -268,3 +268,37 @@ def test_prometheus_and_json_say_what_the_model_renders(
         entry = hosts[(report.host, report.name)]
         assert entry == {**report.to_dict(),
                          "fingerprint": "" if report.error else fingerprint(report)}
+
+
+@pytest.mark.parametrize("fmt", ["text", "json", "html"])
+def test_a_report_that_only_names_itself_well_decides_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], fmt: str,
+) -> None:
+    """The index pass reads a report's names only; a file whose names read but whose
+    findings do not is read whole before it can drop another report of its machine, be the
+    golden host, or be the last one standing."""
+    rng = random.Random(5)
+    good = host_report(1, rng, started="2026-12-03T01:00:00+00:00")
+    # Newer, so it would be kept over the good one, but a finding's status is no status.
+    bad = copy.deepcopy(good)
+    bad["started"] = "2026-12-03T09:00:00+00:00"
+    bad["findings"][3]["status"] = "bogus"
+    other = host_report(2, rng)
+    a, b, c = (write(tmp_path, n, d) for n, d in
+               (("a.json", good), ("b.json", bad), ("c.json", other)))
+    code, out, err = merged_output(capsys, str(a), str(b), str(c), "--format", fmt)
+    assert code == 2
+    [line] = [line for line in err.splitlines() if "b.json" in line]
+    assert "not an audit report" in line and "left out of the merge" in line
+    assert "same machine" not in err and "reported by" not in err
+    if fmt == "json":
+        assert json.loads(out)["summary"]["hosts"] == 2
+    # The golden host named by a file that holds no report is not among the results.
+    code, _, err = merged_output(capsys, str(b), str(c), "--golden", "gpu-0001")
+    assert code == 2 and "golden host 'gpu-0001' is not among the merged results" in err
+    assert "b.json" in err and "not an audit report" in err
+    # Files whose names read and nothing else: no readable results.
+    alone = write(tmp_path, "d.json", {"host": "x", "duration_s": 1, "findings": [
+        {"check": "a", "status": "bogus"}]})
+    code, _, err = merged_output(capsys, str(alone), "--format", fmt)
+    assert code == 2 and "no readable results to merge" in err and "d.json" in err
