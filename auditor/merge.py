@@ -291,13 +291,19 @@ def _deciding(indexes: Sequence[FileIndex]) -> list[int]:
     """Return the files read only by their names that decide something: a machine or a
     name another report also has, or the golden host. They are read whole before the
     decision, so a file that holds no report never makes one."""
-    counts: Counter[tuple[int, int]] = Counter()
-    for index in indexes:
-        for key in index.keys:
-            counts.update(((0, key.identity), (1, key.name), (2, key.name_target)))
+    shared: list[set[int]] = []
+    for field_number in range(3):  # identity, name, name and target: one set at a time
+        seen: set[int] = set()
+        twice: set[int] = set()
+        for index in indexes:
+            for key in index.keys:
+                value = key[field_number]
+                (twice if value in seen else seen).add(value)
+        shared.append(twice)
+    identity, name, name_target = shared
     return [number for number, index in enumerate(indexes) if not index.checked and any(
-        key.golden or counts[0, key.identity] > 1 or counts[1, key.name] > 1
-        or counts[2, key.name_target] > 1 for key in index.keys)]
+        key.golden or key.identity in identity or key.name in name
+        or key.name_target in name_target for key in index.keys)]
 
 
 # -- the reduce pass -----------------------------------------------------------------------
@@ -840,11 +846,18 @@ def _one_thread() -> bool:
 
 
 def _start_worker(initializer: Callable[..., None] | None = None, *initargs: Any) -> None:
-    """Start a worker: what it holds now (imports, the plan) stays out of the cycle
-    collector's walks, which otherwise go over it again and again as documents are decoded
-    (a merge makes no cycles: what a file gave is freed when the next is read)."""
+    """Start a worker: SIGTERM ends it, and what it holds now (imports, the plan) stays
+    out of the cycle collector's walks, which otherwise go over it again and again as
+    documents are decoded (a merge makes no cycles: what a file gave is freed when the next
+    is read)."""
     import gc
+    import signal
 
+    # The parent stops a worker with SIGTERM when the work is done or interrupted (and
+    # hears Ctrl-C itself): a handler a forked worker inherits from the command would
+    # print a traceback as it went.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if initializer is not None:
         initializer(*initargs)
     gc.freeze()

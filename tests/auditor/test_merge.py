@@ -302,3 +302,23 @@ def test_a_report_that_only_names_itself_well_decides_nothing(
         {"check": "a", "status": "bogus"}]})
     code, _, err = merged_output(capsys, str(alone), "--format", fmt)
     assert code == 2 and "no readable results to merge" in err and "d.json" in err
+
+
+def test_workers_end_quietly_on_the_parent_s_sigterm(fleet: Path) -> None:
+    """``audit merge`` stops its workers with SIGTERM; a forked worker does not keep the
+    command's handler (which would print a traceback on stderr as it ended)."""
+    program = (
+        "import signal, sys\n"
+        "from auditor import merge\n"
+        "def handler(number, frame): raise SystemExit('handler ran')\n"
+        "signal.signal(signal.SIGTERM, handler)\n"
+        "pool = merge.Pool(2)\n"
+        "got = list(pool.map(signal.getsignal, [signal.SIGTERM, signal.SIGINT] * 4))\n"
+        "pool.close()\n"
+        "assert got == [signal.SIG_DFL, signal.SIG_IGN] * 4, got\n"
+        f"sys.exit(merge.merge(sorted(str(p) for p in __import__('pathlib').Path("
+        f"{str(fleet)!r}).iterdir()), 'text', jobs=3).exit_code)\n")
+    run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert run.returncode == 3, run.stderr
+    assert "Traceback" not in run.stderr and "handler ran" not in run.stderr
