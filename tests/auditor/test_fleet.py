@@ -350,7 +350,7 @@ def test_a_result_file_is_read_whole_to_its_bound_and_never_a_fifo(
         st = real_fstat(fd)
         return os.stat_result((st.st_mode, *st[1:6], 10, *st[7:]))
 
-    monkeypatch.setattr(results.os, "fstat", smaller)
+    monkeypatch.setattr(os, "fstat", smaller)
     assert results.read_result(str(path)) == body
     monkeypatch.setattr(results, "MAX_RESULT", 4096)
     too_big = results.read_result(str(path))
