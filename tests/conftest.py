@@ -8,12 +8,18 @@ per process; what cannot be is named in :data:`SHARED`, and its tests take turns
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.support.sysroot import CAPTURES, Sysroot, extract_capture
+
+# A suite started as a background job inherits SIGINT ignored (POSIX shells do so without job
+# control), and so would every audit it starts: the Ctrl-C tests need it heard.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 #: Test modules that use something of this machine that only one process may use at once,
 #: by the lock they hold while each of their tests runs.
