@@ -24,8 +24,7 @@ from typing import NamedTuple, Protocol
 from auditor.model import Report, Status, fingerprint
 
 #: Status codes of ``host_auditor_check_status``: higher is worse (``Status.order``).
-STATUS_CODES = {status: status.order for status in Status}
-_CODES = {status.value: status.order for status in Status}
+STATUS_CODES = {status.value: status.order for status in Status}
 _SURROGATES = re.compile("[\ud800-\udfff]")
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
@@ -271,7 +270,7 @@ class Exposition:
         """Add one machine's samples."""
         import math
 
-        escape, codes, tail = escape_label, _CODES, _finding_tail
+        escape, codes, tail = escape_label, STATUS_CODES, _finding_tail
         blocks = self.blocks
         who = _labels(machine.who)
         labels = who[1:-1]  # rendered once: every series of the machine starts so
