@@ -337,8 +337,10 @@ class TextView:
     unreachable: list[tuple[str, str]]
     #: (status, check, subject, how many hosts, the first hosts), worst first.
     problems: list[tuple[str, str, str, int, list[str]]]
-    #: (fingerprint, how many hosts, the first hosts), largest groups first.
+    #: (fingerprint, how many hosts, the first hosts) of the largest groups, largest first.
     groups: list[tuple[str, int, list[str]]]
+    #: How many fingerprint groups the fleet has.
+    group_count: int
     golden: str | None
     compared: int
     differ_total: int

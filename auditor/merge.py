@@ -3,8 +3,8 @@
 A fleet's results are read twice, in chunks of files spread over worker processes:
 
 1. **Index**: each file is decoded and checked, and each host report in it is reduced to
-   a few numbers (who it is, where it is). The parent resolves hosts reported more than
-   once (:func:`auditor.model.pick_report`, on the two reports read again), names the
+   a few numbers (who it is, where it is), packed in arrays (:class:`Index`). The parent
+   resolves hosts reported more than once (:func:`auditor.model.pick_report`, on the two reports read again), names the
    hosts whose names collide, and finds the golden host.
 2. **Reduce**: each chunk is decoded again and reduced to what the chosen format needs.
    For ``text`` that is a :class:`Partial`: counts, and bounded lists (the first hosts of
@@ -35,10 +35,12 @@ import heapq
 import os
 import secrets
 import tempfile
+from array import array
+from bisect import bisect_right
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import chain
+from itertools import chain, pairwise
 from typing import IO, TYPE_CHECKING, Any, Literal, NamedTuple
 
 import msgspec
@@ -208,15 +210,6 @@ def _hash(salt: bytes, *parts: str) -> int:
                           signed=True)
 
 
-class DocKey(NamedTuple):
-    """One host report of one file, as the index pass sees it."""
-
-    identity: int
-    name: int
-    name_target: int
-    golden: bool
-
-
 def _identity(doc: Named) -> tuple[str, ...]:
     mid = machine_id(doc)
     return ("m", mid, doc.host) if mid else ("h", doc.host)
@@ -253,19 +246,32 @@ def _matches_golden(doc: Named, golden: str | None) -> bool:
 # -- the index pass ------------------------------------------------------------------------
 
 
-class FileIndex(NamedTuple):
-    """What the index pass found in one file: its host reports, or why it is unreadable."""
-
-    keys: tuple[DocKey, ...]
-    reason: str
-    #: Whether the whole file was decoded (else only its names: :data:`_NAMES`).
-    checked: bool = True
+#: Per host report, the index pass keeps three hashes: who it is, its name, its name and
+#: target (:data:`KEYS` numbers in :attr:`Index.keys`, report by report).
+KEYS = 3
+IDENTITY, NAME, NAME_TARGET = range(KEYS)
 
 
-def _index_file(path: str, salt: bytes, golden: str | None, whole: bool = False) -> FileIndex:
+class ChunkIndex(NamedTuple):
+    """What the index pass found in a chunk of files, packed (a few dozen bytes a report)."""
+
+    #: Per file, how many host reports it holds.
+    counts: array[int]
+    #: Per report, its :data:`KEYS` hashes.
+    keys: array[int]
+    #: Per report, 1 where it names the golden host.
+    golden: bytearray
+    #: Per file, 1 where the whole file was decoded (else only its names: :data:`_NAMES`).
+    checked: bytearray
+    #: The files (their place in the chunk) that hold no report, and why.
+    reasons: dict[int, str]
+
+
+def _index_file(path: str, salt: bytes, golden: str | None, whole: bool
+                ) -> tuple[Sequence[Named] | str, bool]:
     raw = read_result(path)
     if isinstance(raw, OSError):
-        return FileIndex((), f"cannot read ({raw.strerror})")
+        return f"cannot read ({raw.strerror})", True
     docs: Sequence[Named] | str
     try:
         if whole:
@@ -274,36 +280,117 @@ def _index_file(path: str, salt: bytes, golden: str | None, whole: bool = False)
     except (msgspec.DecodeError, RecursionError):  # ValidationError is a DecodeError
         docs = decode(raw)  # the whole file, and the reason it holds no report
         whole = True
-    if isinstance(docs, str):
-        return FileIndex((), docs)
-    return FileIndex(tuple(
-        DocKey(_hash(salt, *_identity(doc)), _hash(salt, shown(doc)),
-               _hash(salt, shown(doc), target_of(doc)), _matches_golden(doc, golden))
-        for doc in docs), "", whole)
+    return docs, whole
 
 
-def _index_chunk(args: tuple[Sequence[str], bytes, str | None, bool]) -> list[FileIndex]:
+def _index_chunk(args: tuple[Sequence[str], bytes, str | None, bool]) -> ChunkIndex:
     paths, salt, golden, whole = args
-    return [_index_file(path, salt, golden, whole) for path in paths]
+    out = ChunkIndex(array("q"), array("q"), bytearray(), bytearray(), {})
+    for number, path in enumerate(paths):
+        docs, checked = _index_file(path, salt, golden, whole)
+        out.checked.append(checked)
+        if isinstance(docs, str):
+            out.reasons[number] = docs
+            out.counts.append(0)
+            continue
+        out.counts.append(len(docs))
+        for doc in docs:
+            name = shown(doc)
+            out.keys.extend((_hash(salt, *_identity(doc)), _hash(salt, name),
+                             _hash(salt, name, target_of(doc))))
+            out.golden.append(_matches_golden(doc, golden))
+    return out
 
 
-def _deciding(indexes: Sequence[FileIndex]) -> list[int]:
-    """Return the files read only by their names that decide something: a machine or a
-    name another report also has, or the golden host. They are read whole before the
-    decision, so a file that holds no report never makes one."""
-    shared: list[set[int]] = []
-    for field_number in range(3):  # identity, name, name and target: one set at a time
-        seen: set[int] = set()
-        twice: set[int] = set()
-        for index in indexes:
-            for key in index.keys:
-                value = key[field_number]
-                (twice if value in seen else seen).add(value)
-        shared.append(twice)
-    identity, name, name_target = shared
-    return [number for number, index in enumerate(indexes) if not index.checked and any(
-        key.golden or key.identity in identity or key.name in name
-        or key.name_target in name_target for key in index.keys)]
+def _twice(values: Iterable[int]) -> set[int]:
+    """Return the values that occur more than once (sorted: a list of ints, not a set of
+    every value, is what a hundred thousand of them cost)."""
+    ordered = sorted(values)
+    return {a for a, b in pairwise(ordered) if a == b}
+
+
+class Index:
+    """The index pass's findings over every file, packed in arrays: the parent holds a few
+    dozen bytes a host report, whatever the fleet's size."""
+
+    def __init__(self) -> None:
+        #: Per file, its first report's number; one more at the end (the reports' count).
+        self.starts = array("q", [0])
+        self.keys = array("q")
+        self.golden = bytearray()
+        self.checked = bytearray()
+        self.reasons: dict[int, str] = {}
+
+    @property
+    def files(self) -> int:
+        return len(self.checked)
+
+    @property
+    def reports(self) -> int:
+        return self.starts[-1]
+
+    def add(self, chunk: ChunkIndex) -> None:
+        """Add the next chunk's findings."""
+        base = self.files
+        for count in chunk.counts:
+            self.starts.append(self.starts[-1] + count)
+        self.keys.extend(chunk.keys)
+        self.golden += chunk.golden
+        self.checked += chunk.checked
+        self.reasons.update((base + n, reason) for n, reason in chunk.reasons.items())
+
+    def replace(self, numbers: Sequence[int], chunk: ChunkIndex) -> None:
+        """Put what a whole read of files ``numbers`` found in place of their entries."""
+        rebuild = False
+        for at, number in enumerate(numbers):
+            self.checked[number] = chunk.checked[at]
+            if at in chunk.reasons:
+                self.reasons[number] = chunk.reasons[at]
+            rebuild = rebuild or at in chunk.reasons or (
+                chunk.counts[at] != self.starts[number + 1] - self.starts[number])
+        if not rebuild:  # the same reports as read by their names: new keys in place
+            for at, number in enumerate(numbers):
+                first = self.starts[number]
+                self.keys[first * KEYS:(first + 1) * KEYS] = chunk.keys[at * KEYS:(at + 1) * KEYS]
+                self.golden[first] = chunk.golden[at]
+            return
+        # A file that now holds no report or another number of them: lay the arrays out
+        # again, once (a file read by its names holds one report).
+        replaced: dict[int, tuple[array[int], bytearray]] = {}
+        first = 0
+        for at, number in enumerate(numbers):
+            count = chunk.counts[at]
+            replaced[number] = (chunk.keys[first * KEYS:(first + count) * KEYS],
+                                chunk.golden[first:first + count])
+            first += count
+        starts, keys, golden = array("q", [0]), array("q"), bytearray()
+        for number in range(self.files):
+            if number in replaced:
+                its_keys, its_golden = replaced[number]
+            else:
+                a, b = self.starts[number], self.starts[number + 1]
+                its_keys, its_golden = self.keys[a * KEYS:b * KEYS], self.golden[a:b]
+            keys.extend(its_keys)
+            golden += its_golden
+            starts.append(len(golden))
+        self.starts, self.keys, self.golden = starts, keys, golden
+
+    def key(self, report: int, which: int) -> int:
+        """Return one of a report's :data:`KEYS` hashes."""
+        return self.keys[report * KEYS + which]
+
+    def file_reports(self, number: int) -> range:
+        """Return the numbers of file ``number``'s reports."""
+        return range(self.starts[number], self.starts[number + 1])
+
+    def deciding(self) -> list[int]:
+        """Return the files read only by their names that decide something: a machine or a
+        name another report also has, or the golden host. They are read whole before the
+        decision, so a file that holds no report never makes one."""
+        shared = [_twice(self.keys[which::KEYS]) for which in range(KEYS)]
+        return [number for number in range(self.files) if not self.checked[number] and any(
+            self.golden[r] or any(self.key(r, w) in shared[w] for w in range(KEYS))
+            for r in self.file_reports(number))]
 
 
 # -- the reduce pass -----------------------------------------------------------------------
@@ -912,6 +999,32 @@ class MergeError(Exception):
         self.unreadable = list(unreadable)
 
 
+class Extents:
+    """(offset, length) pairs of spooled output, packed: a large fleet's Prometheus output
+    is a block per metric family per chunk, tens of thousands of them."""
+
+    def __init__(self, extents: Iterable[tuple[int, int]] = ()) -> None:
+        self._pairs = array("q")
+        self.extend(extents)
+
+    def append(self, extent: tuple[int, int]) -> None:
+        """Add one extent (an empty one adds nothing)."""
+        if extent[1]:
+            self._pairs.extend(extent)
+
+    def extend(self, extents: Iterable[tuple[int, int]]) -> None:
+        """Add extents in order."""
+        for extent in extents:
+            self.append(extent)
+
+    def __len__(self) -> int:
+        return len(self._pairs) // 2
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        pairs = self._pairs
+        return ((pairs[i], pairs[i + 1]) for i in range(0, len(pairs), 2))
+
+
 @dataclass
 class Merged:
     """A merged fleet: the text view's figures, and the rendered output of other formats."""
@@ -925,7 +1038,7 @@ class Merged:
     hosts: int
     exit_code: int
     spool: IO[bytes] | None = None
-    extents: list[tuple[int, int]] = field(default_factory=list)
+    extents: Extents = field(default_factory=Extents)
 
     def chunks(self) -> Iterator[bytes]:
         """Yield the rendered output (formats other than text) from the spool."""
@@ -954,29 +1067,28 @@ def merge(paths: Sequence[str], fmt: str, *, golden: str | None = None,
     """Merge per-host result files into one fleet report in format ``fmt``."""
     salt = secrets.token_bytes(16)
     jobs = max(1, min(jobs or default_jobs(), (len(paths) + CHUNK_FILES - 1) // CHUNK_FILES))
-    chunks = list(_chunks(list(paths), CHUNK_FILES))
+    index = Index()
     pool = Pool(jobs)
     try:
-        indexes: list[FileIndex] = []
-        for found in pool.map(_index_chunk, ((c, salt, golden, False) for c in chunks)):
-            indexes.extend(found)
+        for found in pool.map(_index_chunk, ((c, salt, golden, False)
+                                             for c in _chunks(paths, CHUNK_FILES))):
+            index.add(found)
             if progress is not None:
-                progress(len(indexes), len(paths) * (3 if fmt == "html" else 2))
-        deciding = _deciding(indexes)
+                progress(index.files, len(paths) * (3 if fmt == "html" else 2))
+        deciding = index.deciding()
         checked = pool.map(_index_chunk, (([paths[n] for n in numbers], salt, golden, True)
                                           for numbers in _chunks(deciding, CHUNK_FILES)))
         for numbers, found in zip(_chunks(deciding, CHUNK_FILES), checked, strict=True):
-            for number, index in zip(numbers, found, strict=True):
-                indexes[number] = index
+            index.replace(numbers, found)
     finally:
         pool.close()
     # Where each unreadable file is: a reduce pass finds those read by their names only.
-    unreadable_at = {i: index.reason for i, index in enumerate(indexes) if index.reason}
-    unreadable = [Unreadable(paths[i], reason) for i, reason in unreadable_at.items()]
-    if not any(index.keys for index in indexes):
+    unreadable_at = dict(index.reasons)
+    unreadable = [Unreadable(paths[i], reason) for i, reason in sorted(unreadable_at.items())]
+    if not index.reports:
         raise MergeError("no readable results to merge", unreadable)
     try:
-        skip, notes, golden_at, names, pairs = _resolve(paths, indexes, salt, golden)
+        skip, notes, golden_at, names, pairs = _resolve(paths, index, salt, golden)
     except MergeError as exc:
         raise MergeError(str(exc), unreadable) from None
     golden_state = None
@@ -986,15 +1098,17 @@ def merge(paths: Sequence[str], fmt: str, *, golden: str | None = None,
         except MergeError as exc:
             raise MergeError(str(exc), unreadable) from None
     plan = Plan(fmt, salt, golden, golden_state, fail_on, frozenset(names), frozenset(pairs))
-    tasks = []
-    for number, chunk in enumerate(chunks):
-        start = number * CHUNK_FILES
-        at = (golden_at[0] - start, golden_at[1]) if start <= golden_at[0] < start + len(
-            chunk) else (-1, -1)
-        tasks.append(Task(tuple(chunk), tuple(
-            None if indexes[start + i].reason else skip.get(start + i, frozenset())
-            for i in range(len(chunk))), at,
-            tuple(indexes[start + i].checked for i in range(len(chunk)))))
+    n_chunks = (len(paths) + CHUNK_FILES - 1) // CHUNK_FILES
+
+    def tasks() -> Iterator[Task]:
+        for number in range(n_chunks):
+            start = number * CHUNK_FILES
+            files = range(start, min(start + CHUNK_FILES, len(paths)))
+            at = (golden_at[0] - start, golden_at[1]) if golden_at[0] in files else (-1, -1)
+            yield Task(tuple(paths[start:files.stop]), tuple(
+                None if f in index.reasons else skip.get(f, frozenset()) for f in files),
+                at, tuple(bool(index.checked[f]) for f in files))
+
     total = Partial(keep=50 if fmt == "html" else LIMIT)
     assembler = _Assembler(fmt, golden)
     passes = [plan]
@@ -1006,15 +1120,15 @@ def merge(paths: Sequence[str], fmt: str, *, golden: str | None = None,
             this = dataclasses.replace(this, checks=tuple(checks))
         pool = Pool(jobs, _init, (this,))
         try:
-            for at_chunk, reduced in enumerate(pool.map(_reduce_chunk, tasks)):
+            for at_chunk, reduced in enumerate(pool.map(_reduce_chunk, tasks())):
                 start = at_chunk * CHUNK_FILES
-                for index, reason in reduced.unreadable:
-                    unreadable_at.setdefault(start + index, reason)
+                for at, reason in reduced.unreadable:
+                    unreadable_at.setdefault(start + at, reason)
                 if number == 0:
                     total.merge(reduced.partial)
                 assembler.add(reduced)
                 if progress is not None:
-                    progress(len(paths) * (1 + number) + start + len(tasks[at_chunk].paths),
+                    progress(len(paths) * (1 + number) + min(start + CHUNK_FILES, len(paths)),
                              len(paths) * (1 + len(passes)))
         finally:
             pool.close()
@@ -1029,31 +1143,44 @@ def merge(paths: Sequence[str], fmt: str, *, golden: str | None = None,
     return merged
 
 
-def _resolve(paths: Sequence[str], indexes: Sequence[FileIndex], salt: bytes,
+def _resolve(paths: Sequence[str], index: Index, salt: bytes,
              golden: str | None) -> tuple[dict[int, frozenset[int]], list[str],
                                           tuple[int, int], set[int], set[int]]:
-    """Pick one report per host, find the golden host, and the names that collide."""
+    """Pick one report per host, find the golden host, and the names that collide.
+
+    Only what repeats is held in a dictionary: the machines reported twice, the names that
+    two kept reports share; the rest of the fleet stays in the index's arrays."""
+    repeated = _twice(index.keys[IDENTITY::KEYS])
     first: dict[int, tuple[int, int]] = {}
+    dropped: set[int] = set()
     skip: dict[int, set[int]] = {}
     notes: list[str] = []
-    for file_number, index in enumerate(indexes):
-        for doc_number, key in enumerate(index.keys):
-            seen = first.get(key.identity)
+    for file_number in range(index.files):
+        reports = index.file_reports(file_number)
+        for doc_number, report in enumerate(reports):
+            identity = index.key(report, IDENTITY)
+            if identity not in repeated:
+                continue
+            seen = first.get(identity)
             if seen is None:
-                first[key.identity] = (file_number, doc_number)
+                first[identity] = (file_number, doc_number)
                 continue
             keep, drop, note = _pick(paths, seen, (file_number, doc_number))
             notes.append(note)
-            first[key.identity] = keep
+            first[identity] = keep
             skip.setdefault(drop[0], set()).add(drop[1])
-    kept = [(f, d) for f, d in first.values()]
-    names: Counter[int] = Counter()
-    pairs: Counter[int] = Counter()
-    golden_at = [(f, d) for f, d in kept if indexes[f].keys[d].golden]
-    for f, d in kept:
-        key = indexes[f].keys[d]
-        names[key.name] += 1
-        pairs[key.name_target] += 1
+            dropped.add(index.starts[drop[0]] + drop[1])
+
+    def kept(which: int) -> Iterator[int]:
+        keys = index.keys
+        return (keys[r * KEYS + which] for r in range(index.reports) if r not in dropped)
+
+    golden_at = []
+    at = index.golden.find(1)
+    while at >= 0:
+        if at not in dropped:
+            golden_at.append(at)
+        at = index.golden.find(1, at + 1)
     if golden is not None:
         if not golden_at:
             raise MergeError(f"golden host {golden!r} is not among the merged results (a host "
@@ -1061,9 +1188,12 @@ def _resolve(paths: Sequence[str], indexes: Sequence[FileIndex], salt: bytes,
         if len(golden_at) > 1:
             raise MergeError(f"golden host {golden!r} names {len(golden_at)} machines: name "
                              "one as 'HOST (TARGET)'")
-    return ({f: frozenset(d) for f, d in skip.items()}, notes,
-            golden_at[0] if golden_at else (-1, -1),
-            {k for k, n in names.items() if n > 1}, {k for k, n in pairs.items() if n > 1})
+    where = (-1, -1)
+    if golden_at:
+        file_number = bisect_right(index.starts, golden_at[0]) - 1
+        where = (file_number, golden_at[0] - index.starts[file_number])
+    return ({f: frozenset(d) for f, d in skip.items()}, notes, where,
+            _twice(kept(NAME)), _twice(kept(NAME_TARGET)))
 
 
 def _load(path: str, number: int) -> ReportDoc:
@@ -1112,7 +1242,7 @@ class _Assembler:
         #: (sort key, name, offset, length) per host.
         self.pieces: list[tuple[SortKey, str, int, int]] = []
         #: Prometheus: the extents of each block, chunk by chunk.
-        self.blocks: dict[str, list[tuple[int, int]]] = {}
+        self.blocks: dict[str, Extents] = {}
         self.hosts: list[tuple[Any, ...]] = []
         #: html: (host, offset, length) of each differing host's golden-diff rows.
         self.diffs: list[tuple[str, int, int]] = []
@@ -1129,7 +1259,7 @@ class _Assembler:
             offset, length = self._put(piece.data)
             self.pieces.append((piece.sort_key, piece.name, offset, length))
         for name, data in reduced.blocks.items():
-            self.blocks.setdefault(name, []).append(self._put(data))
+            self.blocks.setdefault(name, Extents()).append(self._put(data))
         for piece in reduced.diffs:
             offset, length = self._put(piece.data)
             self.diffs.append((piece.name, offset, length))
@@ -1137,13 +1267,13 @@ class _Assembler:
 
     def finish(self, merged: Merged) -> None:
         """Write the output's parts to the spool in order and hand it to ``merged``."""
-        extents: list[tuple[int, int]] = []
+        extents = Extents()
         if self.fmt == "prometheus":
             from auditor.prom import family_header
 
-            extents.extend(self.blocks.get("", []))
+            extents.extend(self.blocks.get("", ()))
             for name, parts in self.blocks.items():
-                if not name or not any(length for _, length in parts):
+                if not name or not parts:
                     continue
                 extents.append(self._put(family_header(name).encode()))
                 extents.extend(parts)
@@ -1209,7 +1339,7 @@ class _Assembler:
         from auditor.render import make_environment
 
         parts: Any = make_environment("html").get_template("fleet_parts.html.j2").module
-        view = text_view(merged)
+        view = text_view(merged, None)
 
         def put(html: Any) -> tuple[int, int]:
             return self._put(str(html).encode("utf-8", "surrogatepass"))
@@ -1239,8 +1369,9 @@ def _dumps_indented(data: Any) -> str:
     return msgspec.json.format(msgspec.json.encode(data), indent=1).decode()
 
 
-def text_view(merged: Merged) -> TextView:
-    """Return the text report's view of a merge."""
+def text_view(merged: Merged, groups_shown: int | None = LIMIT) -> TextView:
+    """Return the text report's view of a merge, with its ``groups_shown`` largest
+    fingerprint groups (None: all, as the HTML page lists them)."""
     from auditor.fleet import Difference
 
     partial = merged.partial
@@ -1249,9 +1380,11 @@ def text_view(merged: Merged) -> TextView:
         ((status, check, label, count, [name for _, name in sorted(first)])
          for (status, check, label), (count, first) in partial.problems.items()),
         key=lambda p: (-_ORDER[p[0]], -p[3], p[:3]))
-    groups = sorted(((stamp, count, [name for _, name in sorted(first)])
-                     for stamp, (count, first) in partial.groups.items()),
-                    key=lambda g: (-g[1], g[0]))
+    # The largest groups only: a fleet can hold as many fingerprints as hosts.
+    largest = heapq.nsmallest(len(partial.groups) if groups_shown is None else groups_shown,
+                              partial.groups.items(), key=lambda item: (-item[1][0], item[0]))
+    groups = [(stamp, count, [name for _, name in sorted(first)])
+              for stamp, (count, first) in largest]
     return TextView(
         hosts=partial.hosts,
         host_counts={s: partial.host_counts.get(s, 0) for s in every},
@@ -1262,6 +1395,7 @@ def text_view(merged: Merged) -> TextView:
         unreachable=sorted(partial.unreachable),
         problems=problems,
         groups=groups,
+        group_count=len(partial.groups),
         golden=merged.golden,
         compared=partial.compared,
         differ_total=partial.differ_total,

@@ -403,7 +403,8 @@ FLEET_FORMATS = ("text", "json", "html", "prometheus", "line")
 
 
 def render_merged_text(view: TextView, *, limit: int = 10) -> str:
-    """Render the text report of ``audit merge`` (a fleet merged from result files)."""
+    """Render the text report of ``audit merge`` (a fleet merged from result files): the
+    first ``limit`` hosts of a list (at most the groups ``view`` holds)."""
     return make_environment("text").get_template("merge.txt.j2").render(view=view, limit=limit)
 
 

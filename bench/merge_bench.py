@@ -98,21 +98,30 @@ def results_error(host: str) -> dict[str, Any]:
             "summary": {"pass": 0, "skip": 0, "warn": 0, "fail": 0, "error": 0}}
 
 
+#: Runs ``audit merge`` and prints its figures. A small process of its own starts it: Linux
+#: keeps the high-water RSS of the memory a process had before exec (vfork shares the
+#: parent's), so a child started from this process, which has held a fleet's file names,
+#: would be charged this process's peak (fs/exec.c, exec_mmap: setmax_mm_hiwater_rss).
+_MEASURE = """
+import json, os, subprocess, sys, time
+started = time.perf_counter()
+proc = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+err = proc.stderr.read()
+_, status, usage = os.wait4(proc.pid, 0)
+print(json.dumps([time.perf_counter() - started, usage.ru_utime + usage.ru_stime,
+                  usage.ru_maxrss / 1024, os.waitstatus_to_exitcode(status),
+                  err.decode(errors="replace")]))
+"""
+
+
 def run_merge(args: list[str]) -> tuple[float, float, float, int]:
     """Run ``audit merge`` as a child; return (wall s, CPU s, peak RSS in MB, exit code)."""
-    started = time.perf_counter()
-    proc = subprocess.Popen([AUDIT, "merge", *args], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - started
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.stderr is not None:
-        err = proc.stderr.read().decode(errors="replace")
-        proc.stderr.close()
-        if err.strip() and proc.returncode not in (0, 1, 3):
-            print(err.strip(), file=sys.stderr)
-    cpu = usage.ru_utime + usage.ru_stime
-    return wall, cpu, usage.ru_maxrss / 1024, proc.returncode
+    proc = subprocess.run([sys.executable, "-c", _MEASURE, AUDIT, "merge", *args],
+                          capture_output=True, text=True, check=True)
+    wall, cpu, rss, code, err = json.loads(proc.stdout)
+    if err.strip() and code not in (0, 1, 3):
+        print(err.strip(), file=sys.stderr)
+    return float(wall), float(cpu), float(rss), int(code)
 
 
 def generate(results: Path, hosts: int) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -52,6 +52,9 @@ from auditor.cli.options import (
 )
 from auditor.model import FailOn
 from auditor.render import FLEET_FORMATS
+
+if TYPE_CHECKING:
+    from auditor.results import Paths
 
 FINGERPRINT_FORMATS = ("text", "json")
 #: ``audit merge``'s formats (the fleet report).
@@ -119,10 +122,12 @@ def fingerprint_command(
         write_output(stamp + "\n", output)
 
 
-def _expand(paths: list[str]) -> tuple[list[str], list[str]]:
+def _expand(paths: list[str]) -> tuple[Paths, list[str]]:
     """Return the result files the paths name (a directory: its ``*.json`` files), and the
     directories that hold none."""
-    files: list[str] = []
+    from auditor.results import Paths
+
+    files = Paths()
     empty: list[str] = []
     for path in paths:
         if os.path.isdir(path):
@@ -130,10 +135,13 @@ def _expand(paths: list[str]) -> tuple[list[str], list[str]]:
                 names = sorted(os.listdir(path))
             except OSError as exc:
                 fatal(f"{path}: cannot list the directory ({exc.strerror})", EXIT_USAGE)
-            found = [os.path.join(path, name) for name in names if name.endswith(".json")]
-            if not found:
+            before = len(files)
+            for name in names:
+                if name.endswith(".json"):
+                    files.append(os.path.join(path, name))
+            del names
+            if len(files) == before:
                 empty.append(path)
-            files.extend(found)
         else:
             files.append(path)
     return files, empty
