@@ -4,8 +4,8 @@ A fleet's results are read twice, in chunks of files spread over worker processe
 
 1. **Index**: each file is decoded and checked, and each host report in it is reduced to
    a few numbers (who it is, where it is), packed in arrays (:class:`Index`). The parent
-   resolves hosts reported more than once (:func:`auditor.model.pick_report`, on the two reports read again), names the
-   hosts whose names collide, and finds the golden host.
+   resolves hosts reported more than once (:func:`auditor.model.pick_report`, on the two
+   reports read again), names the hosts whose names collide, and finds the golden host.
 2. **Reduce**: each chunk is decoded again and reduced to what the chosen format needs.
    For ``text`` that is a :class:`Partial`: counts, and bounded lists (the first hosts of
    each problem and fingerprint group, the first differing hosts), merged in the parent,
@@ -61,6 +61,7 @@ from auditor.results import MAX_RESULT, Unreadable, read_result
 from auditor.text import printable
 
 if TYPE_CHECKING:
+    from auditor.fleet import Cell
     from auditor.prom import Exposition, Machine
 
 StatusText = Literal["pass", "skip", "warn", "fail", "error"]
@@ -883,6 +884,8 @@ _PARTS: Any = None
 def _render_row(out: Reduced, doc: ReportDoc, name: str, plan: Plan, is_golden: bool) -> None:
     """Render one host's row of the fleet page (and its golden-diff rows)."""
     global _PARTS
+    from markupsafe import Markup
+
     from auditor.fleet import Cell, Difference
 
     if _PARTS is None:
@@ -895,13 +898,35 @@ def _render_row(out: Reduced, doc: ReportDoc, name: str, plan: Plan, is_golden: 
     differs = {d[0] for d in summary.found or ()}
     row = {r.check: Cell(status=summary.cells[r.check], findings=r.findings,
                          differs=r.check in differs) for r in report.results}
-    html = str(_PARTS.host_row(report, row, summary.status, summary.stamp, plan.golden,
-                               list(plan.checks)))
+    cells = "".join([_cell_html(check, row.get(check)) for check in plan.checks])
+    html = str(_PARTS.row_frame(report, summary.status, summary.stamp, plan.golden,
+                                caller=lambda: Markup(cells)))  # noqa: S704 - rendered
     sort_key: SortKey = (-_ORDER[summary.status], name)
     out.pieces.append(HostPiece(sort_key, name, html.encode("utf-8", "surrogatepass")))
     if summary.found:
         rows = str(_PARTS.diff_rows(name, [Difference(*d) for d in summary.found]))
         out.diffs.append(HostPiece((0, name), name, rows.encode("utf-8", "surrogatepass")))
+
+
+#: Cells rendered in this worker, by what they show: a fleet's hosts share most of their
+#: cells (the same check passing the same way), and a cell is most of a row's rendering.
+_CELLS: dict[tuple[Any, ...], str] = {}
+_CELLS_KEPT = 4096
+
+
+def _cell_html(check: str, cell: Cell | None) -> str:
+    """Return a grid cell as the page's ``check_cell`` macro renders it, from the cache
+    where a cell that shows the same was rendered before (the finding's host is not
+    shown in a cell, so it is not in the key)."""
+    key: tuple[Any, ...] = (check,) if cell is None else (check, cell.status, cell.differs, *(
+        (f.status, f.waived, f.waiver, f.subject, f.aspect, f.message, f.observed,
+         f.expected, f.fix) for f in cell.findings))
+    html = _CELLS.get(key)
+    if html is None:
+        if len(_CELLS) >= _CELLS_KEPT:
+            _CELLS.clear()
+        html = _CELLS[key] = str(_PARTS.check_cell(check, cell))
+    return html
 
 
 def _init(plan: Plan) -> None:

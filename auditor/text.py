@@ -25,6 +25,11 @@ def visible(text: str, keep: str = "") -> str:
     (``\\x1b``, ``\\u202e``), but those in ``keep`` (``"\\n"`` for text of several lines)."""
     if text.isprintable():
         return text
+    rest = text
+    for char in keep:  # text of many lines: a page's row is printable but for them
+        rest = rest.replace(char, "")
+    if rest.isprintable():
+        return text
     return "".join(c if c.isprintable() or c in keep else _escape(c) for c in text)
 
 

@@ -327,3 +327,21 @@ def test_workers_end_quietly_on_the_parent_s_sigterm(fleet: Path) -> None:
                          timeout=120, check=False)
     assert run.returncode == 3, run.stderr
     assert "Traceback" not in run.stderr and "handler ran" not in run.stderr
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_the_page_is_the_model_s_page_though_each_cell_is_rendered_once(
+    fleet: Path, jobs: int,
+) -> None:
+    """A merge renders each distinct grid cell once per worker and reuses it: the page is
+    still the one the model renders host by host (cells differ by planted failures and
+    observed values, and by which differ from the golden host)."""
+    from auditor.fleet import fleet_view
+    from auditor.render import render_merge
+
+    paths = sorted(str(p) for p in fleet.iterdir())
+    merged = merge(paths, "html", golden="gpu-0001", jobs=jobs)
+    page = b"".join(merged.chunks()).decode()
+    merged.close()
+    assert page == render_merge(fleet_view(load_results(paths), "gpu-0001"), "html")
+    assert page.count("<tr class=\"host-row") == 2 * CHUNK_FILES + 18

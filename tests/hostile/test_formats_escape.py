@@ -45,3 +45,16 @@ def test_the_text_helpers_escape_every_format_character() -> None:
     shown = printable_lines(f"a{NAME}\nb\u2028c\n")
     assert shown.startswith("aC8\\u202ex") and shown.endswith("\nb\nc\n")
     assert all(line.isprintable() for line in shown.split("\n"))
+
+
+def test_kept_line_breaks_never_let_a_format_character_through() -> None:
+    from auditor.text import visible
+
+    rows = "<tr>\n<td>pass</td>\n\t<td>ok</td>\n</tr>\n" * 200
+    assert visible(rows, keep="\n\t") is rows  # printable but for the kept breaks: as is
+    # One bidi override or escape among the kept breaks is still written as an escape.
+    for bad in ("\u202e", "\x1b[2J", "\u200b"):
+        shown = visible(rows + bad + rows, keep="\n\t")
+        assert bad not in shown and shown.count("\n") == 2 * rows.count("\n")
+        assert all(line.isprintable() for line in shown.replace("\t", "").split("\n"))
+    assert visible("a\nb", keep="") == "a\\x0ab"
