@@ -613,6 +613,15 @@ def _stamp(findings: list[tuple[str, str, str, str, str]], checks: list[str]) ->
     return hashlib.sha256(canonical).hexdigest()[:FINGERPRINT_LENGTH]
 
 
+def _tally(partial: Partial, doc: ReportDoc, summary: Summary) -> None:
+    """Count one host in a partial, as :func:`reduce_text` does (what the exit code and a
+    format that holds every host need of the fleet view)."""
+    partial.hosts += 1
+    partial.host_counts[summary.status] += 1
+    partial.trips = partial.trips or summary.trips
+    partial.unaudited = partial.unaudited or bool(doc.error)
+
+
 def reduce_text(partial: Partial, doc: ReportDoc, name: str, golden: State | None,
                 is_golden: bool, fail_on: FailOn) -> Summary:
     """Add one host's report to a text partial; return its summary."""
@@ -846,8 +855,10 @@ def _reduce_chunk(task: Task) -> Reduced:
             elif plan.fmt == "html":
                 _render_row(out, doc, name, plan, is_golden)
             elif exposition is not None:
-                # The exposition has no golden diff: compare nothing.
-                summary = reduce_text(out.partial, doc, name, None, is_golden, plan.fail_on)
+                # The exposition has no golden diff (compare nothing) and no fleet view:
+                # the host is counted, not reduced.
+                summary = summarize(doc, None, is_golden, plan.fail_on)
+                _tally(out.partial, doc, summary)
                 exposition.add(machine_of_doc(doc, summary))
             else:
                 _reduce_rendered(out, doc, name, plan, is_golden)

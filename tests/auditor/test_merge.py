@@ -214,8 +214,12 @@ def test_exit_code_follows_fail_on(tmp_path: Path) -> None:
             finding["status"] = "warn"
     report["findings"][0]["status"] = "warn"
     path = write(tmp_path, "a.json", report)
-    assert merge([str(path)], "text", jobs=1).exit_code == 0
-    assert merge([str(path)], "text", fail_on=FailOn.WARN, jobs=1).exit_code == 1
+    down = write(tmp_path, "b.json", host_report(2, rng, findings=[], checks=[],
+                                                  error="gpu-0002: timed out"))
+    for fmt in FORMATS:  # each format counts the hosts its own way: the same exit code
+        assert merge([str(path)], fmt, jobs=1).exit_code == 0, fmt
+        assert merge([str(path)], fmt, fail_on=FailOn.WARN, jobs=1).exit_code == 1, fmt
+        assert merge([str(path), str(down)], fmt, jobs=1).exit_code == 3, fmt
 
 
 def odd_fleet(folder: Path) -> list[str]:
