@@ -740,8 +740,15 @@ class SshHost(Host):
             channel.set_combine_stderr(True)
             channel.settimeout(timeout)
             channel.exec_command(command)
-            channel.sendall(script.encode())
-            channel.shutdown_write()
+            try:
+                channel.sendall(script.encode())
+                channel.shutdown_write()
+            except OSError:
+                # The command ended before it read its script (a shell that could not
+                # start): the channel is closed under the sender. What it said and its
+                # exit status tell why; a connection that broke has neither.
+                if not channel.exit_status_ready():
+                    raise
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0:

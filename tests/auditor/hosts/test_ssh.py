@@ -372,3 +372,17 @@ def test_collection_is_one_tar_with_links_kept(ssh_env: SshEnv) -> None:
         resolved = os.path.join(os.path.realpath(device), "driver")
         assert kinds[resolved.lstrip("/")] == tarfile.SYMTYPE
         assert host.readlink(path) == os.readlink(path)
+
+
+def test_a_script_the_host_cannot_start_answers_with_the_shell_s_words(
+        ssh_env: SshEnv) -> None:
+    """NOPY has no bash: its shell says so and exits at once, while the script is still
+    being sent (one larger than the channel's window: the sender waits for room the dead
+    command never makes). The result is that exit status and those words, not a broken
+    connection, however the race falls."""
+    with SshHost(parse_target(ssh_env.server.target), ssh_env.options(NOPY)) as host:
+        host.connect()
+        for size in (100, 8 << 20):
+            result = host.run_script("#" * size + "\necho never\n", timeout=30)
+            assert result.returncode == 127 and "bash: not found" in result.output, size
+            assert "never" not in result.output
