@@ -28,6 +28,20 @@ python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
 .venv/bin/ruff check auditor checks remediations tests bench ansible
 .venv/bin/mypy
+# The tests' temporary trees in memory where the machine has a tmpfs to spare: a case
+# builds a sysroot of thousands of small files, and on a journaled disk creating them is
+# most of the suite's time (2 CPUs, ext4: 7 min 40 s; /dev/shm: 4 min 25 s). The folder is
+# this run's own (mktemp: mode 0700, a name nobody can guess) and goes at the end.
+# HOST_AUDITOR_TEST_TMP=disk keeps pytest's default; a --basetemp given here wins.
+basetemp=()
+free_kib=$(df -Pk /dev/shm 2>/dev/null | awk 'NR == 2 {print $4}') || free_kib=0
+if [ "${HOST_AUDITOR_TEST_TMP:-}" != disk ] && [[ " $* " != *" --basetemp"* ]] \
+        && [ "$(stat -f -c %T /dev/shm 2>/dev/null)" = tmpfs ] \
+        && [ "${free_kib:-0}" -ge $((4 << 20)) ] \
+        && shm=$(mktemp -d /dev/shm/host-auditor-tests.XXXXXX); then
+    trap 'rm -rf -- "$shm"' EXIT
+    basetemp=(--basetemp "$shm/pytest")
+fi
 # One process per CPU (pytest-xdist); tests that share a part of the machine take turns
 # (tests/conftest.py, SHARED). Later arguments win: `-n 0` runs in this one process.
-exec .venv/bin/python -m pytest -n "${HOST_AUDITOR_TEST_PROCESSES:-auto}" "$@"
+.venv/bin/python -m pytest -n "${HOST_AUDITOR_TEST_PROCESSES:-auto}" "${basetemp[@]}" "$@"
