@@ -268,8 +268,7 @@ class ChunkIndex(NamedTuple):
     reasons: dict[int, str]
 
 
-def _index_file(path: str, salt: bytes, golden: str | None, whole: bool
-                ) -> tuple[Sequence[Named] | str, bool]:
+def _index_file(path: str, whole: bool) -> tuple[Sequence[Named] | str, bool]:
     raw = read_result(path)
     if isinstance(raw, OSError):
         return f"cannot read ({raw.strerror})", True
@@ -288,7 +287,7 @@ def _index_chunk(args: tuple[Sequence[str], bytes, str | None, bool]) -> ChunkIn
     paths, salt, golden, whole = args
     out = ChunkIndex(array("q"), array("q"), bytearray(), bytearray(), {})
     for number, path in enumerate(paths):
-        docs, checked = _index_file(path, salt, golden, whole)
+        docs, checked = _index_file(path, whole)
         out.checked.append(checked)
         if isinstance(docs, str):
             out.reasons[number] = docs
@@ -614,8 +613,8 @@ def _stamp(findings: list[tuple[str, str, str, str, str]], checks: list[str]) ->
 
 
 def _tally(partial: Partial, doc: ReportDoc, summary: Summary) -> None:
-    """Count one host in a partial, as :func:`reduce_text` does (what the exit code and a
-    format that holds every host need of the fleet view)."""
+    """Count one host in a partial: what the exit code and a format that holds every host
+    need of the fleet view (:func:`reduce_text` adds the rest)."""
     partial.hosts += 1
     partial.host_counts[summary.status] += 1
     partial.trips = partial.trips or summary.trips
@@ -628,8 +627,7 @@ def reduce_text(partial: Partial, doc: ReportDoc, name: str, golden: State | Non
     summary = summarize(doc, golden, is_golden, fail_on)
     status = summary.status
     sort_key: SortKey = (-_ORDER[status], name)
-    partial.hosts += 1
-    partial.host_counts[status] += 1
+    _tally(partial, doc, summary)
     partial.skipped_hosts += summary.any_skip
     check_counts, check_order = partial.check_counts, partial.check_order
     for position, (check, cell) in enumerate(summary.cells.items()):
@@ -644,10 +642,8 @@ def reduce_text(partial: Partial, doc: ReportDoc, name: str, golden: State | Non
     partial.waived += summary.waived
     for key in summary.problems:
         _add_to_group(partial.problems, key, sort_key)
-    partial.trips = partial.trips or summary.trips
     if doc.error:
         partial.unreachable.append((name, doc.error))
-        partial.unaudited = True
         return summary
     _add_to_group(partial.groups, summary.stamp, sort_key, partial.keep)
     found = summary.found
@@ -1039,9 +1035,8 @@ class Extents:
     """(offset, length) pairs of spooled output, packed: a large fleet's Prometheus output
     is a block per metric family per chunk, tens of thousands of them."""
 
-    def __init__(self, extents: Iterable[tuple[int, int]] = ()) -> None:
+    def __init__(self) -> None:
         self._pairs = array("q")
-        self.extend(extents)
 
     def append(self, extent: tuple[int, int]) -> None:
         """Add one extent (an empty one adds nothing)."""
@@ -1102,7 +1097,8 @@ def merge(paths: Sequence[str], fmt: str, *, golden: str | None = None,
           progress: Callable[[int, int], None] | None = None) -> Merged:
     """Merge per-host result files into one fleet report in format ``fmt``."""
     salt = secrets.token_bytes(16)
-    jobs = max(1, min(jobs or default_jobs(), (len(paths) + CHUNK_FILES - 1) // CHUNK_FILES))
+    n_chunks = (len(paths) + CHUNK_FILES - 1) // CHUNK_FILES
+    jobs = max(1, min(jobs or default_jobs(), n_chunks))
     index = Index()
     pool = Pool(jobs)
     try:
@@ -1134,7 +1130,6 @@ def merge(paths: Sequence[str], fmt: str, *, golden: str | None = None,
         except MergeError as exc:
             raise MergeError(str(exc), unreadable) from None
     plan = Plan(fmt, salt, golden, golden_state, fail_on, frozenset(names), frozenset(pairs))
-    n_chunks = (len(paths) + CHUNK_FILES - 1) // CHUNK_FILES
 
     def tasks() -> Iterator[Task]:
         for number in range(n_chunks):

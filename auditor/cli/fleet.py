@@ -139,7 +139,6 @@ def _expand(paths: list[str]) -> tuple[Paths, list[str]]:
             for name in names:
                 if name.endswith(".json"):
                     files.append(os.path.join(path, name))
-            del names
             if len(files) == before:
                 empty.append(path)
         else:
